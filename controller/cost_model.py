@@ -1,0 +1,117 @@
+"""The per-step cost model of an engine on one GPU type, and its YAML profile form.
+
+A step's wall time is modelled as ``alpha + beta * n_tokens`` with separate
+coefficients for prefill-only, decode-only and mixed steps (DESIGN §2). The
+simulator charges steps with :meth:`CostModel.step_seconds`; the controller feeds
+the same parameters to the closed forms in :mod:`controller.theory`; ``ebplus
+profile`` writes them, fitted on a real engine, as a :class:`HardwareProfile`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from controller import theory
+
+
+class CostModel(BaseModel):
+    """Step-time coefficients (seconds, seconds per token)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alpha_p: float = Field(gt=0, description="Fixed cost of a prefill-only step (s).")
+    beta_p: float = Field(ge=0, description="Cost per prefill token (s/token).")
+    alpha_d: float = Field(gt=0, description="Fixed cost of a decode-only step (s).")
+    beta_d: float = Field(ge=0, description="Cost per decoded sequence in a decode-only step (s).")
+    beta_mb: tuple[float, float, float] = Field(
+        description="Mixed-step per-token cost a + b*r + c*r^2 at decode share r = n_decode/n_tokens."
+    )
+    alpha_mb: float | None = Field(
+        default=None, gt=0, description="Fixed cost of a mixed step (s); defaults to alpha_p."
+    )
+    beta_kv: float = Field(
+        default=0.0,
+        ge=0,
+        description="Optional attention cost per resident KV token in any step with decodes (s/token).",
+    )
+
+    @field_validator("beta_mb")
+    @classmethod
+    def _beta_mb_non_negative(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        for i, x in enumerate(v):
+            if not math.isfinite(x):
+                raise ValueError(f"beta_mb[{i}] must be finite")
+        for r in (0.0, 0.25, 0.5, 0.75, 1.0):
+            if theory.beta_mb(r, v) < 0:
+                raise ValueError(f"beta_mb(r) must be >= 0 on [0, 1]; negative at r={r}")
+        return v
+
+    @property
+    def alpha_mixed(self) -> float:
+        return self.alpha_p if self.alpha_mb is None else self.alpha_mb
+
+    def beta_mixed(self, r: float) -> float:
+        """Per-token cost of a mixed step with decode share ``r``."""
+        return theory.beta_mb(r, self.beta_mb)
+
+    def step_seconds(self, n_prefill_tokens: int, n_decode_tokens: int, kv_tokens: int = 0) -> float:
+        """Wall time of one engine step.
+
+        ``n_decode_tokens`` equals the number of decoding sequences (one token
+        each); ``kv_tokens`` is the KV cache read by those decodes, charged only
+        when ``beta_kv`` is set.
+        """
+        n = n_prefill_tokens + n_decode_tokens
+        if n <= 0:
+            return 0.0
+        kv = self.beta_kv * kv_tokens if n_decode_tokens else 0.0
+        if n_decode_tokens == 0:
+            return self.alpha_p + self.beta_p * n_prefill_tokens
+        if n_prefill_tokens == 0:
+            return self.alpha_d + self.beta_d * n_decode_tokens + kv
+        return self.alpha_mixed + self.beta_mixed(n_decode_tokens / n) * n + kv
+
+
+class HardwareProfile(CostModel):
+    """A cost model plus the KV capacity of one GPU type: the simulator's YAML format."""
+
+    name: str = Field(min_length=1, description="Profile name, e.g. 'h200'.")
+    kv_capacity_tokens: int = Field(gt=0, description="KV cache capacity in tokens.")
+    description: str = Field(default="", description="Where the numbers come from.")
+
+    def cost_model(self) -> CostModel:
+        return CostModel(**self.model_dump(include=set(CostModel.model_fields)))
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and field."""
+
+
+def load_profile(path: str | Path) -> HardwareProfile:
+    """Read and validate a profile YAML file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read profile: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: a profile must be a mapping of keys to values")
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise ProfileError(f"{path}: field '{field}': {first['msg']}") from None
+
+
+def dump_profile(profile: HardwareProfile, path: str | Path) -> None:
+    """Write a profile YAML file (keys in the documented order)."""
+    data = profile.model_dump(exclude_none=True)
+    data["beta_mb"] = list(data["beta_mb"])
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))

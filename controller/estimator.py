@@ -1,0 +1,345 @@
+"""Online estimators: the workload (p0, eta, mu_L, mu_O) and the step cost model.
+
+Both are small classes with explicit state, fed one observation at a time by the
+controller actor and by the simulator, and read through immutable records
+(:class:`Estimate`, :class:`CostFit`) that downstream code consumes.
+
+Censoring. A request stopped by ``max_tokens`` did not reach its natural end: its
+natural output length is at least its cap. Counting it as a completion at the cap
+would put a spurious spike in the hazard there. We treat it as right-censored,
+Kaplan-Meier style: it is *at risk* for every ``t <= cap`` (it was still decoding)
+but contributes no *event*. The geometric fallback uses the censored MLE
+``p0 = events / sum(lengths)`` for the same reason.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from controller.cost_model import CostModel
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One workload estimate, produced by :meth:`WorkloadEstimator.update`."""
+
+    p0: float  # hazard at t = 0 (1/tokens)
+    eta: float  # hazard slope (1/tokens^2), >= 0
+    mu_l: float  # mean input length (tokens)
+    mu_o: float  # mean generated output length, censored requests at their cap (tokens)
+    n_samples: int  # output lengths in the window
+    n_censored: int  # of which stopped by max_tokens
+    t_lo: int  # fitted hazard range, first t
+    t_hi: int  # fitted hazard range, last t (the 95th percentile)
+    method: str  # "wls", or "fallback: <reason>" when the geometric MLE was used
+    timestamp: float
+
+
+def _check_length(name: str, value: int, lo: int) -> int:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not x.is_integer() or x < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return int(x)
+
+
+def fit_hazard(
+    lengths: np.ndarray, censored: np.ndarray, *, min_at_risk: int = 5, quantile: float = 95.0
+) -> tuple[float, float, int, int, str]:
+    """Weighted least-squares fit of the empirical hazard ``h(t) = p0 + eta*t``.
+
+    ``h(t) = #{events at t} / #{at risk at t}`` over ``t in [1, t95]``, weighted by
+    the number at risk (the inverse variance of ``h(t)`` up to a factor), points
+    with fewer than ``min_at_risk`` at risk skipped. A negative slope is clipped to
+    0 and ``p0`` refitted as the pooled rate; an unusable fit (too few points,
+    ``p0 <= 0``) falls back to the censored geometric MLE.
+
+    Returns ``(p0, eta, t_lo, t_hi, method)``.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    censored = np.asarray(censored, dtype=bool)
+    events_total = int((~censored).sum())
+    exposure = float(lengths.sum())
+    fallback_p0 = min(1.0, max(events_total, 1) / exposure)
+    t_hi = max(1, int(np.percentile(lengths, quantile)))
+
+    def fallback(reason: str) -> tuple[float, float, int, int, str]:
+        return fallback_p0, 0.0, 1, t_hi, f"fallback: {reason}"
+
+    if events_total == 0:
+        return fallback("no uncensored completions")
+    size = int(lengths.max()) + 2
+    all_counts = np.bincount(lengths, minlength=size)
+    event_counts = np.bincount(lengths[~censored], minlength=size)
+    at_risk = np.cumsum(all_counts[::-1])[::-1]  # at_risk[t] = #{O >= t}
+    t = np.arange(1, t_hi + 1)
+    n_t = at_risk[1 : t_hi + 1].astype(float)
+    d_t = event_counts[1 : t_hi + 1].astype(float)
+    keep = n_t >= min_at_risk
+    t, n_t, d_t = t[keep], n_t[keep], d_t[keep]
+    if t.size < 2:
+        return fallback(f"{t.size} hazard points with >= {min_at_risk} at risk")
+    h = d_t / n_t
+    sw = np.sqrt(n_t)
+    design = np.column_stack([np.ones_like(t, dtype=float), t.astype(float)])
+    (p0, eta), *_ = np.linalg.lstsq(design * sw[:, None], h * sw, rcond=None)
+    if not (math.isfinite(p0) and math.isfinite(eta)):
+        return fallback("non-finite fit")
+    if eta < 0:
+        eta = 0.0
+        p0 = float(d_t.sum() / n_t.sum())
+    if p0 <= 0:
+        return fallback(f"fitted p0 = {p0:.3g} <= 0")
+    return min(float(p0), 1.0), float(eta), int(t[0]), int(t[-1]), "wls"
+
+
+class WorkloadEstimator:
+    """Sliding windows of recent lengths and the periodic hazard fit (seed §3.4).
+
+    Args:
+        window: size of ``W_O``, the recent output lengths (authors: 500).
+        input_window: size of ``W_L``; defaults to ``window``.
+        update_every: completions between updates, ``M`` (authors: 100).
+        min_samples: no estimate before this many outputs are in the window.
+        min_at_risk: hazard points with fewer requests at risk are skipped.
+        clock: injected for tests; stamps each :class:`Estimate`.
+    """
+
+    def __init__(
+        self,
+        window: int = 500,
+        input_window: int | None = None,
+        update_every: int = 100,
+        min_samples: int = 30,
+        min_at_risk: int = 5,
+        clock: Clock = time.time,
+    ) -> None:
+        for name, value in (("window", window), ("update_every", update_every), ("min_samples", min_samples)):
+            _check_length(name, value, 1)
+        self.update_every = update_every
+        self.min_samples = min_samples
+        self.min_at_risk = min_at_risk
+        self._clock = clock
+        self._outputs: deque[int] = deque(maxlen=window)
+        self._censored: deque[bool] = deque(maxlen=window)
+        self._inputs: deque[int] = deque(maxlen=input_window or window)
+        self.completions = 0  # all observed, ever
+        self.pending = 0  # observed since the last update
+        self.updates = 0
+        self.estimate: Estimate | None = None
+
+    def observe(self, input_len: int, output_len: int, censored: bool = False) -> None:
+        """Record one finished request. Raises ``ValueError`` on impossible lengths."""
+        inp = _check_length("input_len", input_len, 1)
+        out = _check_length("output_len", output_len, 1)
+        self._inputs.append(inp)
+        self._outputs.append(out)
+        self._censored.append(bool(censored))
+        self.completions += 1
+        self.pending += 1
+
+    def observe_many(
+        self, input_lens: Iterable[int], output_lens: Iterable[int], censored: Iterable[bool] | None = None
+    ) -> None:
+        outs = list(output_lens)
+        cens = [False] * len(outs) if censored is None else list(censored)
+        for inp, out, c in zip(input_lens, outs, cens, strict=True):
+            self.observe(inp, out, c)
+
+    @property
+    def n_samples(self) -> int:
+        return len(self._outputs)
+
+    def update_due(self) -> bool:
+        """True once ``update_every`` completions arrived and the window is warm."""
+        return self.pending >= self.update_every and self.n_samples >= self.min_samples
+
+    def update(self) -> Estimate | None:
+        """Fit the windows now; ``None`` while fewer than ``min_samples`` are held."""
+        if self.n_samples < self.min_samples:
+            return None
+        lengths = np.fromiter(self._outputs, dtype=np.int64, count=len(self._outputs))
+        censored = np.fromiter(self._censored, dtype=bool, count=len(self._censored))
+        p0, eta, t_lo, t_hi, method = fit_hazard(lengths, censored, min_at_risk=self.min_at_risk)
+        self.estimate = Estimate(
+            p0=p0,
+            eta=eta,
+            mu_l=float(np.mean(np.fromiter(self._inputs, dtype=float))),
+            mu_o=float(lengths.mean()),
+            n_samples=int(lengths.size),
+            n_censored=int(censored.sum()),
+            t_lo=t_lo,
+            t_hi=t_hi,
+            method=method,
+            timestamp=self._clock(),
+        )
+        self.pending = 0
+        self.updates += 1
+        return self.estimate
+
+    def state(self) -> dict:
+        """Plain-data snapshot for persistence (see :meth:`from_state`)."""
+        return {
+            "outputs": list(self._outputs),
+            "censored": list(self._censored),
+            "inputs": list(self._inputs),
+            "completions": self.completions,
+            "pending": self.pending,
+            "updates": self.updates,
+        }
+
+    def restore(self, state: dict) -> None:
+        """Load a snapshot made by :meth:`state` (windows keep their own sizes)."""
+        self._outputs.clear()
+        self._censored.clear()
+        self._inputs.clear()
+        self._outputs.extend(int(x) for x in state["outputs"])
+        self._censored.extend(bool(x) for x in state["censored"])
+        self._inputs.extend(int(x) for x in state["inputs"])
+        self.completions = int(state["completions"])
+        self.pending = int(state["pending"])
+        self.updates = int(state["updates"])
+
+
+# ---------------------------------------------------------------------------
+# cost model
+
+
+def robust_linear_fit(
+    design: np.ndarray, y: np.ndarray, lower: Iterable[float] | None = None, passes: int = 3
+) -> np.ndarray:
+    """Huber-loss linear regression with optional lower bounds on coefficients.
+
+    Each pass sets the Huber scale to 1.345 x the MAD-based sigma of the previous
+    pass's residuals (the first pass starts from ordinary least squares), so a few
+    steps slowed by a GC pause or a page fault do not drag the fit. Columns are
+    scaled to unit norm for conditioning.
+    """
+    design = np.asarray(design, dtype=float)
+    y = np.asarray(y, dtype=float)
+    scale = np.linalg.norm(design, axis=0)
+    scale[scale == 0] = 1.0
+    xs = design / scale
+    coef, *_ = np.linalg.lstsq(xs, y, rcond=None)
+    lb = np.full(design.shape[1], -np.inf) if lower is None else np.asarray(list(lower), dtype=float) * scale
+    # least_squares needs a strictly feasible start
+    finite = np.isfinite(lb)
+    coef = np.where(finite & (coef <= lb), np.where(finite, lb, 0.0) * (1 + 1e-6) + 1e-15, coef)
+    floor = 1e-9 * max(float(np.abs(y).max()), 1e-12)
+    for _ in range(passes):
+        resid = y - xs @ coef
+        sigma = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+        res = least_squares(
+            lambda b: xs @ b - y, coef, loss="huber", f_scale=max(1.345 * sigma, floor), bounds=(lb, np.inf)
+        )
+        coef = res.x
+    return coef / scale
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """A fitted cost model and how much data each part rests on."""
+
+    model: CostModel
+    n_prefill_steps: int
+    n_decode_steps: int
+    n_mixed_steps: int
+    fitted: tuple[str, ...]  # which parts came from data: "prefill", "decode", "mixed"
+
+
+class CostModelFitter:
+    """Fits ``(alpha_p, beta_p)``, ``(alpha_d, beta_d)`` and ``beta_mb(r)`` from step timings.
+
+    Each step kind keeps its own window so a long decode phase does not evict the
+    prefill samples. Parts with fewer than ``min_steps`` samples (or without
+    enough spread in the regressor) keep the prior's values.
+
+    Args:
+        prior: the values used before data arrives (a shipped profile, or the
+            last persisted fit).
+        window: samples kept per step kind.
+        min_steps: samples needed before a part is fitted.
+    """
+
+    def __init__(self, prior: CostModel, window: int = 2048, min_steps: int = 20) -> None:
+        self.prior = prior
+        self.min_steps = min_steps
+        self._prefill: deque[tuple[int, float]] = deque(maxlen=window)
+        self._decode: deque[tuple[int, float]] = deque(maxlen=window)
+        self._mixed: deque[tuple[int, int, float]] = deque(maxlen=window)
+
+    def observe_step(self, n_prefill_tokens: int, n_decode_tokens: int, seconds: float) -> None:
+        """Record one step. Raises ``ValueError`` for empty steps or bad timings."""
+        p = _check_length("n_prefill_tokens", n_prefill_tokens, 0)
+        d = _check_length("n_decode_tokens", n_decode_tokens, 0)
+        s = float(seconds)
+        if not (math.isfinite(s) and s > 0):
+            raise ValueError(f"step seconds must be finite and > 0, got {seconds!r}")
+        if p + d == 0:
+            raise ValueError("a step must schedule at least one token")
+        if d == 0:
+            self._prefill.append((p, s))
+        elif p == 0:
+            self._decode.append((d, s))
+        else:
+            self._mixed.append((p, d, s))
+
+    @staticmethod
+    def _spread(x: np.ndarray) -> bool:
+        return x.size > 0 and float(x.max()) > 1.2 * float(x.min())
+
+    def _fit_line(self, samples: deque, default: tuple[float, float]) -> tuple[tuple[float, float], bool]:
+        if len(samples) < self.min_steps:
+            return default, False
+        arr = np.asarray(samples, dtype=float)
+        n, t = arr[:, 0], arr[:, 1]
+        if not self._spread(n):
+            return default, False
+        alpha, beta = robust_linear_fit(np.column_stack([np.ones_like(n), n]), t, lower=(1e-9, 0.0))
+        return (float(alpha), float(beta)), True
+
+    def fit(self) -> CostFit:
+        prior = self.prior
+        (alpha_p, beta_p), got_p = self._fit_line(self._prefill, (prior.alpha_p, prior.beta_p))
+        (alpha_d, beta_d), got_d = self._fit_line(self._decode, (prior.alpha_d, prior.beta_d))
+        fitted = [name for name, ok in (("prefill", got_p), ("decode", got_d)) if ok]
+        alpha_mb, coeffs = prior.alpha_mb, prior.beta_mb
+        if len(self._mixed) >= self.min_steps:
+            arr = np.asarray(self._mixed, dtype=float)
+            n = arr[:, 0] + arr[:, 1]
+            r = arr[:, 1] / n
+            if self._spread(n) and float(r.max() - r.min()) > 0.1:
+                design = np.column_stack([np.ones_like(n), n, n * r, n * r * r])
+                a0, a, b, c = robust_linear_fit(design, arr[:, 2], lower=(1e-9, -np.inf, -np.inf, 0.0))
+                candidate = (float(a), float(b), float(c))
+                # keep the fit only if it is a usable (non-negative) cost curve
+                if all(a + b * x + c * x * x >= 0 for x in (0.0, 0.5, 1.0)):
+                    alpha_mb, coeffs = float(a0), candidate
+                    fitted.append("mixed")
+        model = CostModel(
+            alpha_p=alpha_p,
+            beta_p=beta_p,
+            alpha_d=alpha_d,
+            beta_d=beta_d,
+            beta_mb=coeffs,
+            alpha_mb=alpha_mb,
+            beta_kv=prior.beta_kv,
+        )
+        return CostFit(
+            model=model,
+            n_prefill_steps=len(self._prefill),
+            n_decode_steps=len(self._decode),
+            n_mixed_steps=len(self._mixed),
+            fitted=tuple(fitted),
+        )

@@ -1,0 +1,444 @@
+"""The control loop of EB+, without Ray: fleet-wide workload, per-replica decisions.
+
+:class:`FleetController` is what the controller actor (``controller/actor.py``)
+wraps and what the simulator runs in-process, so the loop evaluated offline is
+the one deployed. It
+
+* validates and ingests telemetry batches (bad records are counted, never raised);
+* keeps one fleet-wide :class:`~controller.estimator.WorkloadEstimator` (the
+  workload is the same for every replica behind one router) and, per replica, a
+  :class:`~controller.estimator.CostModelFitter`, a
+  :class:`~controller.planner.ThresholdPlanner` and an EMA of observed concurrency
+  (GPU types differ, so ``k*``, ``N*`` and the EB/MB choice are per replica);
+* every ``update_every`` completions re-estimates and re-plans every replica,
+  bumping a global ``version``;
+* applies operator overrides (per replica or ``"*"``, optional TTL);
+* records each decision with its inputs in a bounded history;
+* exports and restores its state for a restart without a cold start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.cost_model import CostModel
+from controller.estimator import CostFit, CostModelFitter, Estimate, WorkloadEstimator
+from controller.planner import Plan, PlannerConfig, PlannerState, ThresholdPlanner
+from controller.telemetry import FinishReason, TelemetryBatch, check_completion, check_step
+from replicas.phases import Mode, ThresholdUpdate
+
+FLEET = "*"
+
+
+class ControllerConfig(BaseModel):
+    """Settings of the control loop (the ``controller:`` section of the deployment config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window: int = Field(500, ge=10, description="Recent output lengths kept (W_O).")
+    input_window: int = Field(500, ge=10, description="Recent input lengths kept (W_L).")
+    update_every: int = Field(100, ge=1, description="Completions (fleet-wide) between re-estimations (M).")
+    min_samples: int = Field(30, ge=1, description="No estimate before this many completions are held.")
+    step_window: int = Field(2048, ge=16, description="Step timings kept per step kind and replica.")
+    min_steps: int = Field(20, ge=3, description="Step samples needed before a cost part is fitted.")
+    concurrency_ema: float = Field(
+        0.05, gt=0, le=1, description="Weight of each step's running+waiting in the concurrency EMA."
+    )
+    history: int = Field(256, ge=1, description="Decisions kept in the history.")
+    planner: PlannerConfig = Field(default_factory=PlannerConfig, description="The EB+ decision's tuning.")
+
+
+class OverrideError(ValueError):
+    """An override that cannot be applied; ``field`` names the offending input."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Override:
+    """An operator's pin of mode, k and/or N for one replica or the fleet."""
+
+    mode: Mode | None = None
+    k: int | None = None
+    n: int | None = None
+    expires_at: float | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "mode": None if self.mode is None else self.mode.value,
+            "k": self.k,
+            "n": self.n,
+            "expires_at": self.expires_at,
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One entry of the history: the inputs and outputs of a decision for one replica."""
+
+    version: int
+    at: float
+    replica_id: str
+    cause: str
+    update: dict
+    plan: dict | None
+    estimate: dict | None
+    cost_model: dict
+    override: dict | None
+
+
+@dataclass
+class ReplicaState:
+    """What the controller knows about one replica."""
+
+    replica_id: str
+    mode: Mode
+    kv_capacity_tokens: int
+    max_num_seqs: int
+    fitter: CostModelFitter
+    planner: ThresholdPlanner
+    current: ThresholdUpdate
+    cost: CostFit | None = None
+    concurrency: float | None = None  # EMA of running + waiting
+    applied_version: int = -1
+    last_seen: float = 0.0
+    updated_at: float = 0.0
+    dropped_completions: int = 0
+    dropped_steps: int = 0
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self.fitter.prior if self.cost is None else self.cost.model
+
+
+Clock = Callable[[], float]
+
+
+class FleetController:
+    """Pure control loop; see the module docstring.
+
+    Args:
+        config: the loop's settings.
+        clock: injected so tests (and the simulator) control time.
+    """
+
+    def __init__(self, config: ControllerConfig | None = None, clock: Clock = time.time) -> None:
+        self.config = config or ControllerConfig()
+        self.clock = clock
+        cfg = self.config
+        self.workload = WorkloadEstimator(
+            window=cfg.window,
+            input_window=cfg.input_window,
+            update_every=cfg.update_every,
+            min_samples=cfg.min_samples,
+            clock=clock,
+        )
+        self.replicas: dict[str, ReplicaState] = {}
+        self.overrides: dict[str, Override] = {}
+        self.history: deque[Decision] = deque(maxlen=cfg.history)
+        self.version = 0
+        self.updates = 0
+        self.received: Counter[str] = Counter()  # completions, steps, batches
+        self.rejected: Counter[str] = Counter()  # by reason
+        self.last_update_seconds = 0.0
+        self._saved: dict[str, dict] = {}  # persisted replica state awaiting re-registration
+
+    # -- replicas ----------------------------------------------------------
+
+    def register(
+        self,
+        replica_id: str,
+        mode: Mode | str,
+        kv_capacity_tokens: int,
+        max_num_seqs: int,
+        prior: CostModel,
+    ) -> ThresholdUpdate:
+        """Add (or re-add) a replica; returns the thresholds it should run now."""
+        mode = Mode(mode)
+        if kv_capacity_tokens < 1 or max_num_seqs < 2:
+            raise ValueError("kv_capacity_tokens must be >= 1 and max_num_seqs >= 2")
+        old = self.replicas.get(replica_id)
+        planner_cfg = self.config.planner.model_copy(update={"max_num_seqs": max_num_seqs})
+        planner = ThresholdPlanner(planner_cfg, old.planner.state if old else None)
+        saved = self._saved.pop(replica_id, None)
+        if old is not None:
+            planner.last = old.planner.last
+        elif saved is not None:
+            # resumed controller: the replica keeps its decisions and fitted costs
+            planner.state = PlannerState(**{**saved["planner"], "active": Mode(saved["planner"]["active"])})
+            planner.last = None if saved["last_plan"] is None else Plan.from_dict(saved["last_plan"])
+            prior = CostModel(**saved["cost_model"])
+        else:
+            # a new replica inherits the fleet's latest plan state so it does not cold-start
+            donor = next(iter(self.replicas.values()), None)
+            if donor is not None and donor.planner.last is not None:
+                planner.state = dataclasses.replace(donor.planner.state)
+                planner.last = donor.planner.last
+        fitter = old.fitter if old else CostModelFitter(prior, self.config.step_window, self.config.min_steps)
+        state = ReplicaState(
+            replica_id=replica_id,
+            mode=mode,
+            kv_capacity_tokens=int(kv_capacity_tokens),
+            max_num_seqs=int(max_num_seqs),
+            fitter=fitter,
+            planner=planner,
+            current=planner.update_for(mode, self.version),
+            cost=old.cost if old else None,
+            concurrency=old.concurrency if old else (saved or {}).get("concurrency"),
+            last_seen=self.clock(),
+        )
+        self.replicas[replica_id] = state
+        state.current = self._effective(state)
+        return state.current
+
+    def forget(self, replica_id: str) -> bool:
+        """Drop a replica (dead or scaled down); its overrides go with it."""
+        self.overrides.pop(replica_id, None)
+        return self.replicas.pop(replica_id, None) is not None
+
+    def forget_stale(self, max_age_s: float) -> list[str]:
+        """Forget replicas silent for longer than ``max_age_s``."""
+        now = self.clock()
+        stale = [rid for rid, r in self.replicas.items() if now - r.last_seen > max_age_s]
+        for rid in stale:
+            self.forget(rid)
+        return stale
+
+    # -- telemetry ---------------------------------------------------------
+
+    def ingest(self, batch: TelemetryBatch) -> ThresholdUpdate | None:
+        """Validate and absorb one batch; re-plan when due.
+
+        Returns the thresholds the sending replica should run, or ``None`` for an
+        unknown replica (the batch is rejected and counted; the replica should
+        register again).
+        """
+        self.received["batches"] += 1
+        replica = self.replicas.get(getattr(batch, "replica_id", None))  # type: ignore[arg-type]
+        if replica is None:
+            self.rejected["unknown_replica"] += 1
+            return None
+        replica.last_seen = self.clock()
+        applied = getattr(batch, "applied_version", None)
+        if isinstance(applied, int) and not isinstance(applied, bool) and applied >= 0:
+            replica.applied_version = applied
+        replica.dropped_completions += max(0, int(getattr(batch, "dropped_completions", 0) or 0))
+        replica.dropped_steps += max(0, int(getattr(batch, "dropped_steps", 0) or 0))
+        self._ingest_completions(getattr(batch, "completions", ()) or ())
+        self._ingest_steps(replica, getattr(batch, "steps", ()) or ())
+        if self.workload.update_due():
+            self.recompute("periodic")
+        self._expire_overrides()
+        return replica.current
+
+    def _ingest_completions(self, records) -> None:
+        for raw in records:
+            rec = check_completion(raw)
+            if isinstance(rec, str):
+                self.rejected[rec] += 1
+                continue
+            self.received["completions"] += 1
+            if rec.finish in (FinishReason.ABORT, FinishReason.ERROR) or rec.output_len < 1:
+                self.received["aborted"] += 1  # not a sample of the natural length distribution
+                continue
+            self.workload.observe(rec.input_len, rec.output_len, censored=rec.finish is FinishReason.LENGTH)
+
+    def _ingest_steps(self, replica: ReplicaState, records) -> None:
+        alpha = self.config.concurrency_ema
+        for raw in records:
+            rec = check_step(raw)
+            if isinstance(rec, str):
+                self.rejected[rec] += 1
+                continue
+            self.received["steps"] += 1
+            replica.fitter.observe_step(rec.prefill_tokens, rec.decode_tokens, rec.seconds)
+            demand = float(rec.running + rec.waiting)
+            c = replica.concurrency
+            replica.concurrency = demand if c is None else c + alpha * (demand - c)
+
+    # -- decisions ---------------------------------------------------------
+
+    def recompute(self, cause: str = "manual") -> int:
+        """Re-estimate the workload and re-plan every replica; returns the new version."""
+        started = time.perf_counter()
+        estimate = self.workload.update()
+        self.version += 1
+        self.updates += 1
+        for replica in self.replicas.values():
+            plan = None
+            if estimate is not None:
+                replica.cost = replica.fitter.fit()
+                plan = replica.planner.plan(
+                    estimate,
+                    replica.cost.model,
+                    replica.kv_capacity_tokens,
+                    replica.concurrency if replica.concurrency is not None else replica.max_num_seqs,
+                )
+            self._publish(replica, cause, estimate, plan)
+        self.last_update_seconds = time.perf_counter() - started
+        return self.version
+
+    def _publish(self, replica: ReplicaState, cause: str, estimate: Estimate | None, plan: Plan | None) -> None:
+        replica.current = self._effective(replica)
+        replica.updated_at = self.clock()
+        override = self.overrides.get(replica.replica_id) or self.overrides.get(FLEET)
+        self.history.append(
+            Decision(
+                version=self.version,
+                at=replica.updated_at,
+                replica_id=replica.replica_id,
+                cause=cause,
+                update=replica.current.as_dict(),
+                plan=None if plan is None else plan.as_dict(),
+                estimate=None if estimate is None else dataclasses.asdict(estimate),
+                cost_model=replica.cost_model.model_dump(),
+                override=None if override is None else override.as_dict(),
+            )
+        )
+
+    def _effective(self, replica: ReplicaState) -> ThresholdUpdate:
+        base = replica.planner.update_for(replica.mode, self.version)
+        for key in (FLEET, replica.replica_id):  # a replica's own override wins
+            ov = self.overrides.get(key)
+            if ov is None:
+                continue
+            mode = ov.mode or base.mode
+            n = ov.n or base.n
+            k = ov.k if ov.k is not None else min(base.k, n)
+            active = base.active if mode is Mode.AUTO else mode
+            base = ThresholdUpdate(mode=mode, k=k, n=n, version=self.version, active=active)
+        return base
+
+    # -- overrides ---------------------------------------------------------
+
+    def kv_safe_n(self, replica: ReplicaState) -> int:
+        """The largest N the controller considers memory-safe for a replica."""
+        last = replica.planner.last
+        return replica.max_num_seqs if last is None else last.n_cap
+
+    def set_override(
+        self,
+        replica_id: str,
+        mode: Mode | str | None = None,
+        k: int | None = None,
+        n: int | None = None,
+        ttl_s: float | None = None,
+        force: bool = False,
+    ) -> int:
+        """Pin mode/k/N for a replica or the fleet (``"*"``); returns the new version.
+
+        Raises :class:`OverrideError` naming the field; nothing changes then.
+        """
+        if replica_id != FLEET and replica_id not in self.replicas:
+            raise OverrideError("replica", f"unknown replica {replica_id!r}")
+        try:
+            mode = None if mode is None else Mode(mode)
+        except ValueError:
+            raise OverrideError("mode", f"must be one of {[m.value for m in Mode]}, got {mode!r}") from None
+        if mode is None and k is None and n is None:
+            raise OverrideError("mode", "give at least one of mode, k, n")
+        if ttl_s is not None and not (math.isfinite(ttl_s) and ttl_s > 0):
+            raise OverrideError("ttl_s", f"must be > 0 seconds, got {ttl_s!r}")
+        targets = list(self.replicas.values()) if replica_id == FLEET else [self.replicas[replica_id]]
+        for r in targets:
+            n_eff = n if n is not None else r.current.n
+            if n is not None:
+                if n < 1:
+                    raise OverrideError("n", f"must be >= 1, got {n}")
+                if n > r.max_num_seqs:
+                    raise OverrideError("n", f"{n} exceeds max_num_seqs {r.max_num_seqs} of replica {r.replica_id}")
+                safe = self.kv_safe_n(r)
+                if n > safe and not force:
+                    raise OverrideError(
+                        "n", f"{n} exceeds the KV-safe maximum {safe} of replica {r.replica_id} (set force to override)"
+                    )
+            if k is not None and not 1 <= k <= n_eff:
+                raise OverrideError("k", f"must be in [1, n={n_eff}], got {k}")
+        expires = None if ttl_s is None else self.clock() + ttl_s
+        self.overrides[replica_id] = Override(mode=mode, k=k, n=n, expires_at=expires)
+        return self._bump(f"override {replica_id}")
+
+    def clear_override(self, replica_id: str) -> bool:
+        """Remove an override; returns whether there was one."""
+        if self.overrides.pop(replica_id, None) is None:
+            return False
+        self._bump(f"override cleared {replica_id}")
+        return True
+
+    def _expire_overrides(self) -> None:
+        now = self.clock()
+        expired = [key for key, ov in self.overrides.items() if ov.expires_at is not None and ov.expires_at <= now]
+        for key in expired:
+            del self.overrides[key]
+        if expired:
+            self._bump("override expired " + ",".join(expired))
+
+    def _bump(self, cause: str) -> int:
+        self.version += 1
+        for replica in self.replicas.values():
+            self._publish(replica, cause, self.workload.estimate, replica.planner.last)
+        return self.version
+
+    def thresholds(self, replica_id: str) -> ThresholdUpdate | None:
+        """The replica's current thresholds (expired overrides dropped first)."""
+        self._expire_overrides()
+        replica = self.replicas.get(replica_id)
+        return None if replica is None else replica.current
+
+    # -- persistence -------------------------------------------------------
+
+    def state(self) -> dict:
+        """JSON-able snapshot: windows, per-replica planner state and fitted costs, overrides."""
+        return {
+            "version": self.version,
+            "updates": self.updates,
+            "workload": self.workload.state(),
+            "replicas": {
+                rid: {
+                    "planner": {
+                        "theta": r.planner.state.theta,
+                        "n_cap": r.planner.state.n_cap,
+                        "active": r.planner.state.active.value,
+                        "since_switch": min(r.planner.state.since_switch, 1 << 30),
+                        "plans": r.planner.state.plans,
+                    },
+                    "last_plan": None if r.planner.last is None else r.planner.last.as_dict(),
+                    "cost_model": r.cost_model.model_dump(),
+                    "concurrency": r.concurrency,
+                }
+                for rid, r in self.replicas.items()
+            },
+            "overrides": {key: ov.as_dict() for key, ov in self.overrides.items()},
+            "history": [dataclasses.asdict(d) for d in self.history],
+        }
+
+    def restore(self, state: dict) -> None:
+        """Resume from :meth:`state`.
+
+        Replicas re-register with their current facts (mode, KV capacity); until
+        then their saved planner state and cost model wait in ``_saved``.
+        """
+        self.version = int(state["version"])
+        self.updates = int(state["updates"])
+        self.workload.restore(state["workload"])
+        self._saved = dict(state.get("replicas", {}))
+        for key, ov in state.get("overrides", {}).items():
+            self.overrides[key] = Override(
+                mode=None if ov["mode"] is None else Mode(ov["mode"]),
+                k=ov["k"],
+                n=ov["n"],
+                expires_at=ov["expires_at"],
+            )
+        self.history.extend(Decision(**d) for d in state.get("history", []))
+        if self.workload.estimate is None and self.workload.n_samples >= self.workload.min_samples:
+            self.workload.update()

@@ -1,0 +1,234 @@
+"""From estimates to thresholds: the EB+ decision for one replica.
+
+The planner turns a workload :class:`~controller.estimator.Estimate` and a
+replica's :class:`~controller.cost_model.CostModel` into ``(mode, k, N)`` using the
+closed forms of :mod:`controller.theory`, plus the small amount of state the
+online controller needs: an EMA of ``theta``, gradual growth of ``N``, and the
+hysteresis and cooldown of the EB/MB switch. The simulator and the controller
+actor both use this class, so the policy evaluated offline is the one deployed.
+
+Definitions used here:
+
+* ``n_cap`` is the memory-safe cap on running requests (``N*``, at most
+  ``max_num_seqs``).
+* ``n_obs`` is the observed demand (an EMA of running + waiting requests). The EB
+  batch is ``n_eb = min(n_cap, n_obs)`` and ``k = floor(theta * n_eb)``: the paper's
+  ``k* = theta* * N_current``. Under saturation ``n_eb = n_cap``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from controller import theory
+from controller.cost_model import CostModel
+from controller.estimator import Estimate
+from replicas.phases import Mode, ThresholdUpdate
+
+
+class PlannerConfig(BaseModel):
+    """Tuning of the online EB+ decision (defaults follow the seed authors unless noted)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eps: float = Field(0.01, gt=0, lt=1, description="Allowed probability that the KV cache overflows (eq. 2).")
+    n_star_method: Literal["clt", "paper"] = Field(
+        "clt", description="N* from the CLT form (the authors' code) or the paper's eq. (6)."
+    )
+    max_num_seqs: int = Field(256, ge=2, description="Upper bound for N: the engine's start-up max_num_seqs.")
+    theta_cold: float = Field(
+        0.10,
+        gt=0,
+        lt=1,
+        description=(
+            "theta before the first estimate. Ours is 0.10, not the authors' 0.70: for the reference "
+            "profiles theta0 is 0.02-0.15 and a high cold threshold idles most decode slots."
+        ),
+    )
+    theta_ema: float = Field(0.3, gt=0, le=1, description="Weight of a new theta* in the moving average.")
+    n_growth: float = Field(1.5, ge=1, description="N grows at most by this factor per update (shrinks at once).")
+    delta: float = Field(1e-5, ge=0, description="Hysteresis margin of the EB/MB rule (s/token).")
+    sticky_eb: float = Field(3.0, ge=0, description="Switch EB->MB only when MB wins by sticky_eb * delta.")
+    cooldown: int = Field(3, ge=0, description="Updates to hold a mode after a switch.")
+    min_concurrency: float = Field(16.0, ge=0, description="No EB/MB decision while observed concurrency is lower.")
+    theta_min: float = Field(theory.THETA_MIN, gt=0, lt=1, description="Lower clamp of theta*.")
+    theta_max: float = Field(theory.THETA_MAX, gt=0, lt=1, description="Upper clamp of theta*.")
+    delta_max_factor: float = Field(
+        theory.DELTA_THETA_MAX_FACTOR, ge=0, description="Delta theta is clamped to [0, factor * theta0]."
+    )
+
+    @model_validator(mode="after")
+    def _theta_bounds(self) -> PlannerConfig:
+        if self.theta_min > self.theta_max:
+            raise ValueError(f"theta_min ({self.theta_min}) must be <= theta_max ({self.theta_max})")
+        return self
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One decision with everything that produced it (shown by the admin API)."""
+
+    theta0: float
+    delta_theta: float
+    theta_star: float  # this update's clamped theta*
+    theta: float  # the smoothed theta actually applied
+    n_star_paper: int
+    n_star_clt: int
+    n_cap: int
+    n_obs: float
+    n_eb: int
+    k: int
+    active: Mode  # EB or MB
+    switched: bool
+    crossover: theory.Crossover | None
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {
+            "theta0": self.theta0,
+            "delta_theta": self.delta_theta,
+            "theta_star": self.theta_star,
+            "theta": self.theta,
+            "n_star_paper": self.n_star_paper,
+            "n_star_clt": self.n_star_clt,
+            "n_cap": self.n_cap,
+            "n_obs": self.n_obs,
+            "n_eb": self.n_eb,
+            "k": self.k,
+            "active": self.active.value,
+            "switched": self.switched,
+            "crossover": None if self.crossover is None else self.crossover.as_dict(),
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Plan:
+        """Inverse of :meth:`as_dict` (used to resume a persisted controller)."""
+        xo = d.get("crossover")
+        crossover = None
+        if xo is not None:
+            crossover = theory.Crossover(**{**xo, "winner": theory.Winner(xo["winner"])})
+        return cls(**{**d, "active": Mode(d["active"]), "crossover": crossover})
+
+
+@dataclass
+class PlannerState:
+    """The mutable part, kept explicit so it can be persisted and restored."""
+
+    theta: float | None = None
+    n_cap: int | None = None
+    active: Mode = Mode.MB  # cold start in MB (authors' default)
+    since_switch: int = 1 << 30
+    plans: int = 0
+
+
+class ThresholdPlanner:
+    """Stateful EB+ decision maker for one replica (one GPU type).
+
+    Call :meth:`plan` after each workload update. :meth:`update_for` turns the
+    latest plan into the message for a replica in a given configured mode.
+    """
+
+    def __init__(self, config: PlannerConfig | None = None, state: PlannerState | None = None) -> None:
+        self.config = config or PlannerConfig()
+        self.state = state or PlannerState()
+        self.last: Plan | None = None
+
+    def cold_update(self, mode: Mode, version: int = 0) -> ThresholdUpdate:
+        """Thresholds before any estimate: ``theta_cold`` of ``max_num_seqs``."""
+        n = self.state.n_cap or self.config.max_num_seqs
+        k = theory.k_star(self.state.theta or self.config.theta_cold, n)
+        return ThresholdUpdate(mode=mode, k=k, n=n, version=version, active=self.state.active)
+
+    def plan(self, estimate: Estimate, cost: CostModel, kv_capacity_tokens: float, n_obs: float) -> Plan:
+        """Recompute theta*, N*, k and the EB/MB choice from the newest estimate."""
+        cfg, st = self.config, self.state
+        n_prev = st.n_cap or cfg.max_num_seqs
+        ts = theory.theta_star(
+            estimate.p0,
+            estimate.eta,
+            cost.alpha_p,
+            cost.alpha_d,
+            cost.beta_d,
+            n_prev,
+            theta_min=cfg.theta_min,
+            theta_max=cfg.theta_max,
+            delta_max_factor=cfg.delta_max_factor,
+        )
+        theta = ts.theta_star if st.theta is None else st.theta + cfg.theta_ema * (ts.theta_star - st.theta)
+        n_args = (kv_capacity_tokens, cfg.eps, estimate.p0, estimate.mu_l, ts.theta0, cfg.max_num_seqs)
+        n_paper = theory.n_star_paper(*n_args)
+        n_clt = theory.n_star_clt(*n_args)
+        n_star = n_clt if cfg.n_star_method == "clt" else n_paper
+        n_cap = n_star if n_star <= n_prev else min(n_star, math.ceil(n_prev * cfg.n_growth))
+        n_cap = max(2, n_cap)
+        n_obs_f = max(float(n_obs), 1.0)
+        n_eb = max(2, min(n_cap, math.ceil(n_obs_f)))
+        k = min(theory.k_star(theta, n_eb), n_eb - 1)
+
+        active, switched, xo, reason = self._choose_mode(estimate, cost, k, n_eb, n_obs_f)
+        st.theta, st.n_cap, st.plans = theta, n_cap, st.plans + 1
+        self.last = Plan(
+            theta0=ts.theta0,
+            delta_theta=ts.delta_theta,
+            theta_star=ts.theta_star,
+            theta=theta,
+            n_star_paper=n_paper,
+            n_star_clt=n_clt,
+            n_cap=n_cap,
+            n_obs=n_obs_f,
+            n_eb=n_eb,
+            k=k,
+            active=active,
+            switched=switched,
+            crossover=xo,
+            reason=reason,
+        )
+        return self.last
+
+    def _choose_mode(
+        self, estimate: Estimate, cost: CostModel, k: int, n_eb: int, n_obs: float
+    ) -> tuple[Mode, bool, theory.Crossover | None, str]:
+        cfg, st = self.config, self.state
+        st.since_switch += 1
+        if n_obs < cfg.min_concurrency:
+            return st.active, False, None, f"hold: concurrency {n_obs:.1f} < {cfg.min_concurrency:g}"
+        xo = theory.crossover(
+            k,
+            n_eb,
+            cost.alpha_p,
+            cost.alpha_d,
+            cost.beta_p,
+            cost.beta_d,
+            cost.beta_mb,
+            estimate.mu_l,
+            estimate.mu_o,
+            alpha_mb=cost.alpha_mixed,
+        )
+        if st.since_switch <= cfg.cooldown:
+            return st.active, False, xo, f"hold: cooldown ({st.since_switch}/{cfg.cooldown} updates)"
+        if st.active is Mode.EB and xo.margin > cfg.sticky_eb * cfg.delta:
+            target = Mode.MB
+        elif st.active is Mode.MB and xo.margin < -cfg.delta:
+            target = Mode.EB
+        else:
+            side = "MB" if xo.margin > 0 else "EB"
+            return (
+                st.active,
+                False,
+                xo,
+                f"keep {st.active.value}: margin {xo.margin:.3g} s/token favours {side} within hysteresis",
+            )
+        st.active, st.since_switch = target, 0
+        return target, True, xo, f"switch to {target.value}: margin {xo.margin:.3g} s/token"
+
+    def update_for(self, mode: Mode, version: int) -> ThresholdUpdate:
+        """The message for a replica configured in ``mode`` after the latest plan."""
+        if self.last is None:
+            return self.cold_update(mode, version)
+        plan = self.last
+        return ThresholdUpdate(mode=mode, k=plan.k, n=plan.n_cap, version=version, active=plan.active)

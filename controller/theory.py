@@ -1,0 +1,375 @@
+"""Closed forms of the EB+ model (seed paper §3, DESIGN §2).
+
+Every function here is pure and validates its inputs: a bad parameter raises
+``ValueError`` naming the parameter and its allowed range, so a NaN can never
+leak from an estimate into a scheduling decision.
+
+Notation (all times in seconds, lengths in tokens):
+
+* ``alpha_p, beta_p``  prefill-only step ``T = alpha_p + beta_p * n_tokens``
+* ``alpha_d, beta_d``  decode-only step ``T = alpha_d + beta_d * n_sequences``
+* ``beta_mb(r)``       per-token cost of a mixed step with decode share ``r``
+* ``p0, eta``          output-length hazard ``h(t) = p0 + eta * t``
+* ``mu_l, mu_o``       mean input and output lengths
+* ``n``                decode slots (concurrent requests), ``k`` the EB threshold
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+from scipy.optimize import brentq
+
+# Clamps used by the seed authors' controller; documented in README ("Formulas").
+DELTA_THETA_MAX_FACTOR = 5.0
+THETA_MIN = 0.01
+THETA_MAX = 0.80
+
+_INF = math.inf
+
+
+class Winner(StrEnum):
+    """Which batching policy the crossover rule prefers."""
+
+    EB = "EB"
+    MB = "MB"
+
+
+# ---------------------------------------------------------------------------
+# validation
+
+
+def check_range(
+    name: str,
+    value: float,
+    lo: float = -_INF,
+    hi: float = _INF,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> float:
+    """Return ``float(value)`` or raise ``ValueError`` naming ``name`` and the range.
+
+    NaN and infinities are always rejected: no closed form here accepts them.
+    """
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(x) or x < lo or x > hi or (lo_open and x == lo) or (hi_open and x == hi):
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        raise ValueError(f"{name} must be in {left}{lo:g}, {hi:g}{right}, got {value!r}")
+    return x
+
+
+def _positive(name: str, value: float) -> float:
+    return check_range(name, value, 0.0, _INF, lo_open=True, hi_open=True)
+
+
+def _non_negative(name: str, value: float) -> float:
+    return check_range(name, value, 0.0, _INF, hi_open=True)
+
+
+def _int_at_least(name: str, value: int, lo: int) -> int:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not x.is_integer() or x < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return int(x)
+
+
+# ---------------------------------------------------------------------------
+# eq. (3): the CFR threshold
+
+
+def _excess(v: float) -> float:
+    """``v - ln(1 + v)`` without cancellation for small ``v`` (series below 1e-3)."""
+    if v < 1e-3:
+        # alternating series v^2/2 - v^3/3 + v^4/4 - ...; 12 terms reach 1e-36 at v=1e-3
+        total = 0.0
+        power = v * v
+        for n in range(2, 14):
+            total += (power / n) if n % 2 == 0 else -(power / n)
+            power *= v
+        return total
+    return v - math.log1p(v)
+
+
+def theta0_residual(theta: float, c: float) -> float:
+    """Left side minus right side of eq. (3): ``theta/(1-theta) + ln(1-theta) - c``."""
+    v = theta / (1.0 - theta)
+    return _excess(v) - c
+
+
+def solve_theta0(c: float) -> float:
+    """Unique root ``theta0`` in (0, 1) of ``theta/(1-theta) + ln(1-theta) = c``.
+
+    ``c = p0 * alpha_p / alpha_d``. Substituting ``v = theta/(1-theta)`` turns the
+    equation into ``v - ln(1+v) = c`` with ``v`` in ``(0, 2c + 1]``: a bracket
+    always exists because ``2c + 1 - ln(2c + 2) >= c``. The left side is evaluated
+    by series for small ``v`` so tiny ``c`` (where ``theta ~ sqrt(2c)``) stays exact.
+    """
+    c = check_range("c (= p0*alpha_p/alpha_d)", c, 1e-15, 1e6)
+    hi = 2.0 * c + 1.0
+    v = brentq(lambda x: _excess(x) - c, 0.0, hi, xtol=1e-300, rtol=8.9e-16, maxiter=500)
+    return v / (1.0 + v)
+
+
+def theta0(p0: float, alpha_p: float, alpha_d: float) -> float:
+    """CFR threshold (Proposition 3.1) from the triple ``(p0, alpha_p, alpha_d)``."""
+    p0 = check_range("p0", p0, 0.0, 1.0, lo_open=True)
+    alpha_p = _positive("alpha_p", alpha_p)
+    alpha_d = _positive("alpha_d", alpha_d)
+    return solve_theta0(p0 * alpha_p / alpha_d)
+
+
+def zeta(theta: float) -> float:
+    """``zeta = -ln(1 - theta0)``."""
+    theta = check_range("theta0", theta, 0.0, 1.0, lo_open=True, hi_open=True)
+    return -math.log1p(-theta)
+
+
+# ---------------------------------------------------------------------------
+# eq. (5): the IFR correction
+
+
+def delta_theta(theta0: float, p0: float, eta: float, alpha_d: float, beta_d: float, n: int) -> float:
+    """First-order IFR correction ``Delta theta`` (Theorem 3.2), unclamped.
+
+    Positive for every ``eta > 0``; zero for a constant hazard.
+    """
+    t0 = check_range("theta0", theta0, 0.0, 1.0, lo_open=True, hi_open=True)
+    p0 = check_range("p0", p0, 0.0, 1.0, lo_open=True)
+    eta = _non_negative("eta", eta)
+    alpha_d = _positive("alpha_d", alpha_d)
+    beta_d = _non_negative("beta_d", beta_d)
+    n = _int_at_least("n", n, 1)
+    if eta == 0.0:
+        return 0.0
+    z = -math.log1p(-t0)
+    duration = z * (t0 / (1.0 - t0) - z / 2.0)
+    per_token = (beta_d * n / alpha_d) * (z - t0)
+    return eta * (1.0 - t0) ** 2 / (p0 * p0 * t0) * (duration + per_token)
+
+
+@dataclass(frozen=True)
+class ThetaStar:
+    """``theta* = theta0 + Delta theta`` with the clamps applied, and the raw parts."""
+
+    theta0: float
+    delta_theta: float  # after clamping to [0, DELTA_THETA_MAX_FACTOR * theta0]
+    theta_star: float  # after clamping to [THETA_MIN, THETA_MAX]
+
+
+def theta_star(
+    p0: float,
+    eta: float,
+    alpha_p: float,
+    alpha_d: float,
+    beta_d: float,
+    n: int,
+    *,
+    theta_min: float = THETA_MIN,
+    theta_max: float = THETA_MAX,
+    delta_max_factor: float = DELTA_THETA_MAX_FACTOR,
+) -> ThetaStar:
+    """Threshold fraction with the seed authors' clamps.
+
+    ``Delta theta`` is clamped to ``[0, delta_max_factor * theta0]`` because the
+    expansion is first order in ``eta`` and overshoots for strongly increasing
+    hazards; ``theta*`` to ``[theta_min, theta_max]`` so EB neither degenerates to
+    prefill-first nor idles most of its slots.
+    """
+    t0 = theta0(p0, alpha_p, alpha_d)
+    dt = delta_theta(t0, p0, eta, alpha_d, beta_d, n)
+    dt = min(max(dt, 0.0), delta_max_factor * t0)
+    ts = min(max(t0 + dt, theta_min), theta_max)
+    return ThetaStar(theta0=t0, delta_theta=dt, theta_star=ts)
+
+
+def k_star(theta: float, n: int) -> int:
+    """``k = floor(theta * n)``, at least 1 and at most ``n``."""
+    theta = check_range("theta", theta, 0.0, 1.0, lo_open=True)
+    n = _int_at_least("n", n, 1)
+    # NOTE: the epsilon keeps exact products (0.5 * 10) from flooring one low.
+    return max(1, min(n, math.floor(theta * n + 1e-9)))
+
+
+# ---------------------------------------------------------------------------
+# eq. (6): memory-safe batch size
+
+
+def _check_n_star_inputs(
+    kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: float, max_num_seqs: int
+) -> tuple[float, float, float, float, float, int]:
+    return (
+        _positive("kv_capacity", kv_capacity),
+        check_range("eps", eps, 0.0, 1.0, lo_open=True, hi_open=True),
+        check_range("p0", p0, 0.0, 1.0, lo_open=True),
+        _positive("mu_l", mu_l),
+        check_range("theta0", theta0, 0.0, 1.0, lo_open=True, hi_open=True),
+        _int_at_least("max_num_seqs", max_num_seqs, 1),
+    )
+
+
+def _mean_slot_tokens(p0: float, mu_l: float, theta0: float) -> float:
+    """``D = mu_l + (1-theta0)/(theta0*p0) * ln(1/(1-theta0))``: mean KV tokens per slot at the peak."""
+    return mu_l + (1.0 - theta0) / (theta0 * p0) * (-math.log1p(-theta0))
+
+
+def _clamp_n(n: float, max_num_seqs: int) -> int:
+    if not math.isfinite(n):
+        return 1 if n < 0 else max_num_seqs
+    return max(1, min(max_num_seqs, math.floor(n)))
+
+
+def n_star_paper(kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: float, max_num_seqs: int) -> int:
+    """Memory-safe batch size, the paper's closed form (Proposition 3.3, eq. 6)."""
+    c, eps, p0, mu_l, t0, cap = _check_n_star_inputs(kv_capacity, eps, p0, mu_l, theta0, max_num_seqs)
+    numerator = c - math.log(1.0 / eps) / (p0 * p0 * mu_l)
+    return _clamp_n(numerator / _mean_slot_tokens(p0, mu_l, t0), cap)
+
+
+def n_star_clt(kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: float, max_num_seqs: int) -> int:
+    """Memory-safe batch size, the CLT form the seed authors' code solves.
+
+    Largest ``N`` with ``N*D + sigma*sqrt(N*ln(1/eps)) <= C`` where
+    ``sigma^2 = 2*zeta*(1 + (p0*mu_l + zeta/theta0)^2) / p0^2``; a quadratic in
+    ``sqrt(N)``.
+    """
+    c, eps, p0, mu_l, t0, cap = _check_n_star_inputs(kv_capacity, eps, p0, mu_l, theta0, max_num_seqs)
+    z = -math.log1p(-t0)
+    d = _mean_slot_tokens(p0, mu_l, t0)
+    sigma = math.sqrt(2.0 * z * (1.0 + (p0 * mu_l + z / t0) ** 2)) / p0
+    b = sigma * math.sqrt(math.log(1.0 / eps))
+    x = (-b + math.sqrt(b * b + 4.0 * d * c)) / (2.0 * d)
+    return _clamp_n(x * x, cap)
+
+
+# ---------------------------------------------------------------------------
+# throughput models
+
+
+def beta_eb_weighted(beta_p: float, beta_d: float, mu_l: float, mu_o: float) -> float:
+    """Workload-weighted per-token cost of EB: ``(beta_p*mu_l + beta_d*mu_o)/(mu_l+mu_o)``."""
+    beta_p = _non_negative("beta_p", beta_p)
+    beta_d = _non_negative("beta_d", beta_d)
+    mu_l = _positive("mu_l", mu_l)
+    mu_o = _positive("mu_o", mu_o)
+    return (beta_p * mu_l + beta_d * mu_o) / (mu_l + mu_o)
+
+
+def beta_mb(r: float, coeffs: Sequence[float]) -> float:
+    """Mixed-step per-token cost ``a + b*r + c*r^2`` at decode share ``r``."""
+    r = check_range("r", r, 0.0, 1.0)
+    if len(coeffs) != 3:
+        raise ValueError(f"beta_mb must have 3 coefficients a,b,c, got {len(coeffs)}")
+    a, b, c = (check_range(f"beta_mb[{i}]", x) for i, x in enumerate(coeffs))
+    return a + b * r + c * r * r
+
+
+def tp_eb(
+    k: int,
+    n: int,
+    alpha_p: float,
+    alpha_d: float,
+    beta_p: float,
+    beta_d: float,
+    mu_l: float,
+    mu_o: float,
+) -> float:
+    """EB(k) throughput in requests/s (fluid limit, seed §3.2.1)."""
+    n = _int_at_least("n", n, 2)
+    k = _int_at_least("k", k, 1)
+    if k >= n:
+        raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
+    alpha_p = _positive("alpha_p", alpha_p)
+    alpha_d = _positive("alpha_d", alpha_d)
+    bw = beta_eb_weighted(beta_p, beta_d, mu_l, mu_o)
+    per_request = (alpha_p - alpha_d * mu_o * math.log1p(-k / n)) / k + bw * (mu_l + mu_o)
+    return 1.0 / per_request
+
+
+def tp_mb(n: int, alpha_mb: float, beta_mb_e: float, mu_l: float, mu_o: float) -> float:
+    """MB steady-state throughput in requests/s with ``n`` concurrent requests."""
+    n = _int_at_least("n", n, 1)
+    alpha_mb = _positive("alpha_mb", alpha_mb)
+    beta_mb_e = _non_negative("beta_mb_e", beta_mb_e)
+    mu_l = _positive("mu_l", mu_l)
+    mu_o = _positive("mu_o", mu_o)
+    return 1.0 / (alpha_mb * (1.0 + mu_o) / n + beta_mb_e * (mu_l + mu_o))
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Both sides of the EB-vs-MB rule, so every decision can be explained.
+
+    MB wins iff ``lhs < rhs`` where ``lhs = beta_MB^e - beta_EB^w`` (extra per-token
+    cost of mixing) and ``rhs`` is the per-token saving in fixed costs MB gets
+    from not switching phases. ``margin = rhs - lhs`` (s/token): positive favours MB.
+    """
+
+    lhs: float
+    rhs: float
+    margin: float
+    winner: Winner
+    tp_eb: float
+    tp_mb: float
+    beta_mb_e: float
+    beta_eb_w: float
+    r_star: float
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["winner"] = self.winner.value
+        return d
+
+
+def crossover(
+    k: int,
+    n: int,
+    alpha_p: float,
+    alpha_d: float,
+    beta_p: float,
+    beta_d: float,
+    beta_mb_coeffs: Sequence[float],
+    mu_l: float,
+    mu_o: float,
+    alpha_mb: float | None = None,
+) -> Crossover:
+    """Evaluate the EB-vs-MB crossover at threshold ``k`` and concurrency ``n``.
+
+    ``alpha_mb`` defaults to ``alpha_p`` (the authors' choice when unknown). The
+    EB side uses ``ln(1 - k/n)`` for the ``k`` actually applied, which equals the
+    DESIGN's ``ln(1 - theta0)`` when ``k = k0*``.
+    """
+    alpha_mb = alpha_p if alpha_mb is None else alpha_mb
+    te = tp_eb(k, n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o)
+    r_star = mu_o / (mu_l + mu_o)
+    b_mb = beta_mb(r_star, beta_mb_coeffs)
+    if b_mb < 0:
+        raise ValueError(f"beta_mb(r*={r_star:.3f}) must be >= 0, got {b_mb:g}")
+    tm = tp_mb(n, alpha_mb, b_mb, mu_l, mu_o)
+    b_eb = beta_eb_weighted(beta_p, beta_d, mu_l, mu_o)
+    lhs = b_mb - b_eb
+    fixed_eb = (alpha_p - alpha_d * mu_o * math.log1p(-k / n)) / k
+    fixed_mb = alpha_mb * (1.0 + mu_o) / n
+    rhs = (fixed_eb - fixed_mb) / (mu_l + mu_o)
+    winner = Winner.MB if lhs < rhs else Winner.EB
+    return Crossover(
+        lhs=lhs,
+        rhs=rhs,
+        margin=rhs - lhs,
+        winner=winner,
+        tp_eb=te,
+        tp_mb=tm,
+        beta_mb_e=b_mb,
+        beta_eb_w=b_eb,
+        r_star=r_star,
+    )

@@ -1,0 +1,85 @@
+"""The ``ebplus`` command line: one entry point, subcommands registered by each area.
+
+Each area (controller, bench, replicas, deploy) owns a ``cli`` module with
+``register(subparsers)``; modules are imported only for the subcommand that
+runs, so ``ebplus theory`` never imports vLLM or Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+
+# subcommand -> module that registers it. Order is the order shown in --help.
+COMMANDS: dict[str, str] = {
+    "theory": "controller.cli",
+    "estimate": "controller.cli",
+    "simulate": "bench.cli",
+    "bench-sim": "bench.cli",
+    "profile": "replicas.cli",
+    "serve": "deploy.cli",
+    "build-model": "deploy.cli",
+}
+
+HELP: dict[str, str] = {
+    "theory": "evaluate the closed forms (theta0, k*, N*, TP_EB, TP_MB, crossover)",
+    "estimate": "estimate p0, eta, mu_O, mu_L from a file of lengths",
+    "simulate": "simulate one policy on a hardware profile and workload",
+    "bench-sim": "run the simulator benchmark grid and write tables and plots",
+    "profile": "fit a hardware cost profile on a real vLLM engine",
+    "serve": "run the Ray Serve deployment from a config file",
+    "build-model": "build a bundled model directory (SmolLM2 or the tiny test model)",
+}
+
+
+class CommandError(Exception):
+    """Bad input detected by a subcommand: printed as one line, exit code 2."""
+
+
+def _available(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with ``only``, just the module owning that subcommand is imported."""
+    parser = argparse.ArgumentParser(
+        prog="ebplus",
+        description="EB+ Serve: adaptive exclusive/mixed batching for vLLM on Ray Serve.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        if name in sub.choices or (only is not None and COMMANDS[only] != module):
+            continue
+        if not _available(module):
+            sub.add_parser(name, help=HELP[name] + " (not installed)")
+            continue
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
+    if command not in COMMANDS:
+        if command is not None:
+            parser.error(f"unknown command {command!r}")
+        parser.print_help()
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] | None = getattr(args, "run", None)
+    if run is None:
+        parser.error(f"{command} is not available in this installation")
+    try:
+        return run(args)
+    except (CommandError, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"ebplus {command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""The EB+ phase machine: what kind of step an engine runs next.
+
+One implementation, no vLLM or Ray import: the simulator (``bench/sim.py``) and
+the vLLM scheduler subclass (``replicas/scheduler.py``) both call
+:meth:`PhaseMachine.decide` before every step and :meth:`PhaseMachine.observe`
+after it, so the policy measured in simulation is the one that serves traffic.
+
+The machine only says *which kinds of work* a step may contain and how many new
+requests it may admit; the engine still picks the requests, allocates KV blocks
+and preempts on shortage (vLLM's own paths).
+
+Policies:
+
+* ``MB`` (vLLM v1 / Sarathi): every step runs all decodes, then fills the token
+  budget with prompt chunks, admitting while fewer than ``n`` requests run.
+* ``EB`` (exclusive): decode-only steps until ``k`` requests can be admitted,
+  i.e. ``min(waiting, n - running) >= k``, then a prefill-only phase that refills
+  up to ``n`` (over several steps when chunked by the token budget), then back to
+  decoding. Under saturation this is the paper's "switch when k of the N slots
+  are free"; under light load (``running + waiting = c < n``) it is the same
+  rule applied to the observed concurrency. With nothing left to decode, waiting
+  requests are prefilled at once (never idle with work queued).
+* ``V0``: EB with ``k = 1`` (prefill-first).
+* ``AUTO`` (EB+): ``EB`` or ``MB`` as the controller chose (``ThresholdUpdate.active``).
+
+KV shortage: a prefill step that could not admit anything (the engine had no
+blocks) ends the prefill phase, and the machine does not re-enter it until a
+running request has finished; without this back-off a prefill phase under KV
+pressure alternates with empty steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    """How a replica batches.
+
+    ``MB``: mixed batching, vLLM v1's default. ``EB``: exclusive batching with
+    threshold ``k``. ``V0``: prefill-first, i.e. EB with ``k = 1``. ``AUTO``: EB+,
+    EB or MB as chosen by the control plane (``ThresholdUpdate.active``).
+    """
+
+    MB = "mb"
+    EB = "eb"
+    V0 = "v0"
+    AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class ThresholdUpdate:
+    """What the controller tells a replica, and what the replica reports as applied.
+
+    ``mode`` is the configured mode; ``active`` the policy actually run (``MB`` or
+    ``EB``): for ``AUTO`` the controller's current choice, otherwise implied by
+    ``mode``. ``n`` caps concurrently running requests; ``k`` is the EB threshold
+    (prefill once ``k`` requests can be admitted). ``version`` increases with each
+    controller decision so replicas can report which one they run.
+    """
+
+    mode: Mode
+    k: int
+    n: int
+    version: int = 0
+    active: Mode = Mode.MB
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, Mode):
+            object.__setattr__(self, "mode", Mode(self.mode))
+        if not isinstance(self.active, Mode):
+            object.__setattr__(self, "active", Mode(self.active))
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.n:
+            raise ValueError(f"k must be an integer in [1, n={self.n}], got {self.k!r}")
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
+            raise ValueError(f"version must be an integer >= 0, got {self.version!r}")
+        if self.active not in (Mode.MB, Mode.EB):
+            raise ValueError(f"active must be 'mb' or 'eb', got {self.active.value!r}")
+        implied = {Mode.MB: Mode.MB, Mode.EB: Mode.EB, Mode.V0: Mode.EB}.get(self.mode)
+        if implied is not None and self.active is not implied:
+            object.__setattr__(self, "active", implied)
+
+    @property
+    def effective_k(self) -> int:
+        """The threshold the phase machine uses: 1 in ``V0`` mode."""
+        return 1 if self.mode is Mode.V0 else self.k
+
+    def with_version(self, version: int) -> ThresholdUpdate:
+        return replace(self, version=version)
+
+    def as_dict(self) -> dict:
+        return {
+            "mode": self.mode.value,
+            "active": self.active.value,
+            "k": self.k,
+            "n": self.n,
+            "version": self.version,
+        }
+
+
+class Phase(StrEnum):
+    """What a step contains."""
+
+    PREFILL = "prefill"  # prompt tokens only
+    DECODE = "decode"  # decode tokens only
+    MIXED = "mixed"  # both (MB)
+    IDLE = "idle"  # nothing to do
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """The engine state the machine decides on, read just before a step.
+
+    Attributes:
+        running: requests holding a slot (decoding, or with prompt chunks left).
+        prefilling: of ``running``, those whose prompt is not fully computed yet.
+        waiting: queued requests not holding a slot (preempted ones included).
+    """
+
+    running: int
+    prefilling: int
+    waiting: int
+
+    @property
+    def decoding(self) -> int:
+        return self.running - self.prefilling
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What the next step may schedule.
+
+    Attributes:
+        phase: the kind of step intended.
+        decode: schedule the running requests that are decoding.
+        prefill: schedule prompt chunks (running partial prefills, then admissions).
+        max_admit: how many waiting requests may start this step.
+    """
+
+    phase: Phase
+    decode: bool
+    prefill: bool
+    max_admit: int
+
+
+@dataclass
+class PhaseStats:
+    """Counters the exporter turns into metrics (never reset; exporters take deltas)."""
+
+    steps: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(Phase, 0))
+    phase_switches: int = 0
+    prefill_phases: int = 0
+    kv_backoffs: int = 0
+
+
+class PhaseMachine:
+    """Decides each step's phase under the current :class:`ThresholdUpdate`.
+
+    Not thread-safe: the engine's scheduler loop owns it. ``apply`` may be called
+    between any two steps; the new values govern the next ``decide``.
+    """
+
+    def __init__(self, thresholds: ThresholdUpdate) -> None:
+        self.thresholds = thresholds
+        self.phase = Phase.DECODE  # the EB phase; MB steps do not change it
+        self.stats = PhaseStats()
+        self._blocked_at: int | None = None  # running count when admission last failed
+        self._last: StepPlan | None = None
+
+    def apply(self, update: ThresholdUpdate) -> None:
+        """Install new thresholds; they govern the next :meth:`decide`."""
+        self.thresholds = update
+
+    def decide(self, view: EngineView) -> StepPlan:
+        """Plan the next step from the engine's current state."""
+        th = self.thresholds
+        room = max(0, th.n - view.running)
+        if self._blocked_at is not None and (view.running < self._blocked_at or view.running == 0):
+            self._blocked_at = None  # a request finished: KV may fit a new one now
+        blocked = self._blocked_at is not None
+        if th.active is Mode.MB:
+            plan = self._mixed(view, 0 if blocked else room)
+        else:
+            plan = self._exclusive(view, room, blocked, th.effective_k)
+        self.stats.steps[plan.phase] += 1
+        self._last = plan
+        return plan
+
+    def _mixed(self, view: EngineView, room: int) -> StepPlan:
+        can_prefill = view.prefilling > 0 or (view.waiting > 0 and room > 0)
+        if view.decoding > 0 and can_prefill:
+            phase = Phase.MIXED
+        elif view.decoding > 0:
+            phase = Phase.DECODE
+        elif can_prefill:
+            phase = Phase.PREFILL
+        else:
+            phase = Phase.IDLE
+        return StepPlan(phase, decode=True, prefill=True, max_admit=room)
+
+    def _exclusive(self, view: EngineView, room: int, blocked: bool, k: int) -> StepPlan:
+        admissible = 0 if blocked else min(view.waiting, room)
+        if self.phase is Phase.PREFILL:
+            if view.prefilling == 0 and admissible == 0:
+                self._switch(Phase.DECODE)
+        elif view.prefilling > 0 or admissible >= k or (admissible > 0 and view.decoding == 0):
+            self._switch(Phase.PREFILL)
+            self.stats.prefill_phases += 1
+        if self.phase is Phase.PREFILL:
+            return StepPlan(Phase.PREFILL, decode=False, prefill=True, max_admit=admissible)
+        if view.decoding > 0:
+            return StepPlan(Phase.DECODE, decode=True, prefill=False, max_admit=0)
+        return StepPlan(Phase.IDLE, decode=False, prefill=False, max_admit=0)
+
+    def _switch(self, phase: Phase) -> None:
+        if phase is not self.phase:
+            self.phase = phase
+            self.stats.phase_switches += 1
+
+    def observe(self, admitted: int, prefill_tokens: int, running_after: int) -> None:
+        """Feedback after the step ran: requests started, prompt tokens computed, running count.
+
+        An exclusive prefill step that computed nothing hit a KV shortage (the
+        engine could not allocate blocks for any waiting request): end the phase
+        and do not re-enter it until a running request finishes. MB steps need no
+        back-off because they always carry the decodes.
+        """
+        plan = self._last
+        if plan is None or plan.phase is not Phase.PREFILL or plan.decode:
+            return
+        if admitted == 0 and prefill_tokens == 0:
+            self._blocked_at = running_after
+            self.stats.kv_backoffs += 1
+            self._switch(Phase.DECODE)

@@ -1,0 +1,215 @@
+"""Closed forms of controller.theory: accuracy, shape, validation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import mpmath
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller import theory
+
+H200 = dict(alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5)
+RTX = dict(alpha_p=4.691e-3, beta_p=5.008e-5, alpha_d=1.0376e-2, beta_d=1.0388e-4)
+C_GRID = [10.0**e for e in range(-9, 4)] + [3e-9, 2.5e-5, 0.37, 7.0, 123.0, 999.0]
+
+
+def exact_theta0(c: float) -> float:
+    """Reference root with 50-digit arithmetic."""
+    mpmath.mp.dps = 50
+    f = lambda v: v - mpmath.log1p(v) - mpmath.mpf(c)  # noqa: E731
+    v = mpmath.findroot(f, (mpmath.mpf(0), mpmath.mpf(2 * c + 1)), solver="anderson")
+    return float(v / (1 + v))
+
+
+@pytest.mark.parametrize("c", C_GRID)
+def test_theta0_matches_high_precision_root(c: float) -> None:
+    assert theory.solve_theta0(c) == pytest.approx(exact_theta0(c), rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("c", C_GRID)
+def test_theta0_residual_of_eq3(c: float) -> None:
+    th = theory.solve_theta0(c)
+    assert 0 < th < 1
+    # the left side is evaluated in floating point, so the residual scales with c
+    assert abs(theory.theta0_residual(th, c)) < 1e-12 * max(1.0, c)
+
+
+def test_theta0_is_monotone_in_c() -> None:
+    values = [theory.solve_theta0(10.0**e) for e in [x / 4 for x in range(-36, 13)]]
+    assert all(a < b for a, b in itertools.pairwise(values))
+
+
+@pytest.mark.parametrize("c", [1e-9, 1e-8, 1e-7])
+def test_theta0_small_c_asymptotics(c: float) -> None:
+    # theta^2/2 + 2 theta^3/3 = c  =>  theta = sqrt(2c) (1 - (2/3) sqrt(2c) + ...)
+    th = theory.solve_theta0(c)
+    assert th == pytest.approx(math.sqrt(2 * c), rel=2 * math.sqrt(2 * c))
+
+
+@pytest.mark.parametrize("c", [0.0, -1.0, math.nan, math.inf, -math.inf, "x"])
+def test_theta0_rejects_bad_c(c: float) -> None:
+    with pytest.raises(ValueError, match="c \\(= p0"):
+        theory.solve_theta0(c)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        (dict(p0=0.0, alpha_p=1.0, alpha_d=1.0), "p0"),
+        (dict(p0=math.nan, alpha_p=1.0, alpha_d=1.0), "p0"),
+        (dict(p0=0.1, alpha_p=-1.0, alpha_d=1.0), "alpha_p"),
+        (dict(p0=0.1, alpha_p=1.0, alpha_d=math.inf), "alpha_d"),
+    ],
+)
+def test_theta0_error_names_parameter(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name} must be in"):
+        theory.theta0(**kwargs)
+
+
+def test_delta_theta_zero_for_cfr_positive_for_ifr() -> None:
+    t0 = theory.theta0(1 / 256, H200["alpha_p"], H200["alpha_d"])
+    assert theory.delta_theta(t0, 1 / 256, 0.0, H200["alpha_d"], H200["beta_d"], 1024) == 0.0
+    assert theory.delta_theta(t0, 1 / 256, 1e-6, H200["alpha_d"], H200["beta_d"], 1024) > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    p0=st.floats(1e-5, 0.5),
+    eta=st.floats(1e-12, 1e-2),
+    alpha_p=st.floats(1e-5, 1.0),
+    alpha_d=st.floats(1e-5, 1.0),
+    beta_d=st.floats(0.0, 1e-2),
+    n=st.integers(1, 100_000),
+)
+def test_delta_theta_positive_property(p0, eta, alpha_p, alpha_d, beta_d, n) -> None:
+    c = p0 * alpha_p / alpha_d
+    if not 1e-15 <= c <= 1e6:
+        return
+    t0 = theory.solve_theta0(c)
+    if not 0 < t0 < 1:
+        return
+    dt = theory.delta_theta(t0, p0, eta, alpha_d, beta_d, n)
+    assert math.isfinite(dt) and dt > 0
+    ts = theory.theta_star(p0, eta, alpha_p, alpha_d, beta_d, n)
+    assert theory.THETA_MIN <= ts.theta_star <= theory.THETA_MAX
+    assert 0 <= ts.delta_theta <= theory.DELTA_THETA_MAX_FACTOR * ts.theta0
+
+
+def test_k_star_floor_and_bounds() -> None:
+    assert theory.k_star(0.5, 10) == 5
+    assert theory.k_star(0.001, 10) == 1
+    assert theory.k_star(1.0, 10) == 10
+    with pytest.raises(ValueError, match="theta"):
+        theory.k_star(0.0, 10)
+    with pytest.raises(ValueError, match="^n must be an integer"):
+        theory.k_star(0.5, 0)
+
+
+@pytest.mark.parametrize("method", [theory.n_star_paper, theory.n_star_clt])
+def test_n_star_decreases_with_input_length(method) -> None:
+    t0 = theory.theta0(1 / 256, H200["alpha_p"], H200["alpha_d"])
+    values = [method(2_000_000, 0.01, 1 / 256, mu_l, t0, 100_000) for mu_l in (64, 128, 512, 1024, 4096)]
+    assert all(a > b for a, b in itertools.pairwise(values)), values
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cap=st.floats(1e3, 1e8),
+    eps=st.floats(1e-6, 0.5),
+    p0=st.floats(1e-4, 0.2),
+    mu_l=st.floats(1.0, 8192.0),
+    c=st.floats(1e-6, 10.0),
+    grow=st.floats(1.01, 4.0),
+    max_num_seqs=st.integers(1, 10_000),
+)
+def test_n_star_properties(cap, eps, p0, mu_l, c, grow, max_num_seqs) -> None:
+    t0 = theory.solve_theta0(c)
+    for method in (theory.n_star_paper, theory.n_star_clt):
+        n = method(cap, eps, p0, mu_l, t0, max_num_seqs)
+        assert 1 <= n <= max_num_seqs
+        assert method(cap * grow, eps, p0, mu_l, t0, max_num_seqs) >= n
+    # NOTE: only the CLT form is monotone in mu_l everywhere. Eq. (6) subtracts
+    # ln(1/eps)/(p0^2 mu_l), which shrinks as mu_l grows, so for tiny caches and
+    # short prompts the paper's N* can rise with mu_l (e.g. C=1000, mu_l 1 -> 2).
+    n = theory.n_star_clt(cap, eps, p0, mu_l, t0, max_num_seqs)
+    assert theory.n_star_clt(cap, eps, p0, mu_l * grow, t0, max_num_seqs) <= n
+
+
+def test_n_star_clt_satisfies_its_constraint() -> None:
+    p0, mu_l, cap, eps = 1 / 256, 512.0, 2_000_000.0, 0.01
+    t0 = theory.theta0(p0, H200["alpha_p"], H200["alpha_d"])
+    n = theory.n_star_clt(cap, eps, p0, mu_l, t0, 10**9)
+    z = -math.log1p(-t0)
+    d = mu_l + (1 - t0) / (t0 * p0) * z
+    sigma = math.sqrt(2 * z * (1 + (p0 * mu_l + z / t0) ** 2)) / p0
+
+    def lhs(m: int) -> float:
+        return m * d + sigma * math.sqrt(m * math.log(1 / eps))
+
+    assert lhs(n) <= cap < lhs(n + 1)
+
+
+def test_n_star_paper_closed_form_value() -> None:
+    p0, mu_l, cap, eps = 1 / 256, 512.0, 2_000_000.0, 0.01
+    t0 = theory.theta0(p0, H200["alpha_p"], H200["alpha_d"])
+    expected = (cap - math.log(1 / eps) / (p0**2 * mu_l)) / (mu_l + (1 - t0) / (t0 * p0) * math.log(1 / (1 - t0)))
+    assert theory.n_star_paper(cap, eps, p0, mu_l, t0, 10**9) == math.floor(expected)
+
+
+@pytest.mark.parametrize("profile", [H200, RTX], ids=["h200", "rtx"])
+@pytest.mark.parametrize("n", [256, 512, 1024, 4096])
+@pytest.mark.parametrize(("mu_l", "mu_o"), [(512, 256), (128, 1024), (1024, 128)])
+def test_tp_eb_at_k0_is_near_grid_optimum(profile: dict, n: int, mu_l: int, mu_o: int) -> None:
+    p0 = 1 / mu_o
+    args = (profile["alpha_p"], profile["alpha_d"], profile["beta_p"], profile["beta_d"], mu_l, mu_o)
+    k0 = theory.k_star(theory.theta0(p0, profile["alpha_p"], profile["alpha_d"]), n)
+    best = max(theory.tp_eb(k, n, *args) for k in range(1, n))
+    assert theory.tp_eb(k0, n, *args) >= 0.995 * best
+
+
+def test_tp_eb_rejects_k_at_or_above_n() -> None:
+    with pytest.raises(ValueError, match="^k must be in"):
+        theory.tp_eb(10, 10, 1e-3, 1e-2, 1e-5, 1e-5, 512, 256)
+
+
+def test_tp_mb_grows_with_concurrency() -> None:
+    values = [theory.tp_mb(n, 1e-3, 3e-5, 512, 256) for n in (8, 64, 512, 4096)]
+    assert all(a < b for a, b in itertools.pairwise(values))
+
+
+def test_beta_eb_weighted() -> None:
+    assert theory.beta_eb_weighted(1.0, 3.0, 1.0, 1.0) == 2.0
+    with pytest.raises(ValueError, match="mu_o"):
+        theory.beta_eb_weighted(1.0, 3.0, 1.0, 0.0)
+
+
+def test_crossover_sides_are_consistent_with_throughputs() -> None:
+    coeffs = (2.494e-5, 5.193e-5, 1.478e-5)
+    for n in (32, 512, 2048):
+        k = theory.k_star(theory.theta0(1 / 256, H200["alpha_p"], H200["alpha_d"]), n)
+        xo = theory.crossover(k, n, H200["alpha_p"], H200["alpha_d"], H200["beta_p"], H200["beta_d"], coeffs, 512, 256)
+        assert xo.margin == pytest.approx(xo.rhs - xo.lhs)
+        # MB wins exactly when it has the higher modelled throughput
+        assert (xo.winner is theory.Winner.MB) == (xo.tp_mb > xo.tp_eb)
+        assert xo.as_dict()["winner"] in ("EB", "MB")
+
+
+def test_crossover_prefers_mb_when_mixing_is_free() -> None:
+    # beta_mb equal to the EB weighted cost: MB saves the phase-switch fixed costs
+    b = theory.beta_eb_weighted(H200["beta_p"], H200["beta_d"], 512, 256)
+    xo = theory.crossover(
+        10, 512, H200["alpha_p"], H200["alpha_d"], H200["beta_p"], H200["beta_d"], (b, 0, 0), 512, 256
+    )
+    assert xo.winner is theory.Winner.MB and xo.margin > 0
+
+
+def test_beta_mb_validates() -> None:
+    assert theory.beta_mb(0.5, (1.0, 2.0, 4.0)) == 3.0
+    with pytest.raises(ValueError, match="^r must be in"):
+        theory.beta_mb(1.5, (1.0, 2.0, 4.0))
+    with pytest.raises(ValueError, match="3 coefficients"):
+        theory.beta_mb(0.5, (1.0, 2.0))
