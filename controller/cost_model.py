@@ -10,6 +10,7 @@ profile`` writes them, fitted on a real engine, as a :class:`HardwareProfile`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -91,23 +92,62 @@ class ProfileError(ValueError):
     """A profile file that cannot be used; the message names the file and field."""
 
 
+def yaml_line(text: str, loc: Sequence[str | int]) -> int | None:
+    """1-based line of the YAML node at ``loc`` (mapping keys and list indices).
+
+    For a key that is missing, the line of the deepest ancestor found, so an
+    error about a missing field points at the mapping that lacks it.
+    """
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                break
+            key = next(k for k, v in node.value if v is match)
+            line, node = key.start_mark.line + 1, match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def validation_message(path: Path, text: str, exc: ValidationError) -> str:
+    """``FILE:LINE: field 'a.b': message`` for the first error of a pydantic validation."""
+    first = exc.errors()[0]
+    loc = tuple(first["loc"])
+    field = ".".join(str(p) for p in loc) or "<root>"
+    line = yaml_line(text, loc)
+    where = f"{path}:{line}" if line is not None else str(path)
+    return f"{where}: field '{field}': {first['msg']}"
+
+
 def load_profile(path: str | Path) -> HardwareProfile:
-    """Read and validate a profile YAML file."""
+    """Read and validate a profile YAML file; errors name the file, line and field."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read profile: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ProfileError(f"{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: a profile must be a mapping of keys to values")
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise ProfileError(f"{path}: field '{field}': {first['msg']}") from None
+        raise ProfileError(validation_message(path, text, exc)) from None
 
 
 def dump_profile(profile: HardwareProfile, path: str | Path) -> None:

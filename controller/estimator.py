@@ -14,6 +14,7 @@ but contributes no *event*. The geometric fallback uses the censored MLE
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -21,7 +22,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from controller.cost_model import CostModel
 
@@ -197,6 +197,7 @@ class WorkloadEstimator:
             "completions": self.completions,
             "pending": self.pending,
             "updates": self.updates,
+            "estimate": None if self.estimate is None else dataclasses.asdict(self.estimate),
         }
 
     def restore(self, state: dict) -> None:
@@ -210,6 +211,8 @@ class WorkloadEstimator:
         self.completions = int(state["completions"])
         self.pending = int(state["pending"])
         self.updates = int(state["updates"])
+        saved = state.get("estimate")
+        self.estimate = None if saved is None else Estimate(**saved)
 
 
 # ---------------------------------------------------------------------------
@@ -217,34 +220,51 @@ class WorkloadEstimator:
 
 
 def robust_linear_fit(
-    design: np.ndarray, y: np.ndarray, lower: Iterable[float] | None = None, passes: int = 3
+    design: np.ndarray, y: np.ndarray, lower: Iterable[float] | None = None, iterations: int = 12
 ) -> np.ndarray:
-    """Huber-loss linear regression with optional lower bounds on coefficients.
+    """Huber regression by iteratively reweighted least squares, with lower bounds.
 
-    Each pass sets the Huber scale to 1.345 x the MAD-based sigma of the previous
-    pass's residuals (the first pass starts from ordinary least squares), so a few
-    steps slowed by a GC pause or a page fault do not drag the fit. Columns are
-    scaled to unit norm for conditioning.
+    Each pass weights residuals beyond 1.345 x the MAD-based sigma down (Huber's
+    weights), so a few steps slowed by a GC pause or a page fault do not drag
+    the fit. A coefficient that falls below its bound is pinned there and the
+    rest refitted. Columns are scaled to unit norm for conditioning. IRLS on a
+    few columns is a handful of small ``lstsq`` calls: cheap enough for the
+    controller's update path.
     """
     design = np.asarray(design, dtype=float)
     y = np.asarray(y, dtype=float)
+    p = design.shape[1]
+    lb = np.full(p, -np.inf) if lower is None else np.asarray(list(lower), dtype=float)
     scale = np.linalg.norm(design, axis=0)
     scale[scale == 0] = 1.0
     xs = design / scale
-    coef, *_ = np.linalg.lstsq(xs, y, rcond=None)
-    lb = np.full(design.shape[1], -np.inf) if lower is None else np.asarray(list(lower), dtype=float) * scale
-    # least_squares needs a strictly feasible start
-    finite = np.isfinite(lb)
-    coef = np.where(finite & (coef <= lb), np.where(finite, lb, 0.0) * (1 + 1e-6) + 1e-15, coef)
-    floor = 1e-9 * max(float(np.abs(y).max()), 1e-12)
-    for _ in range(passes):
+    weights = np.ones_like(y)
+    coef = np.zeros(p)
+    for _ in range(iterations):
+        coef = _weighted_fit(xs, y, weights, lb * scale, np.zeros(p, dtype=bool))
         resid = y - xs @ coef
         sigma = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
-        res = least_squares(
-            lambda b: xs @ b - y, coef, loss="huber", f_scale=max(1.345 * sigma, floor), bounds=(lb, np.inf)
-        )
-        coef = res.x
+        cut = 1.345 * max(sigma, 1e-12 * max(float(np.abs(y).max()), 1e-300))
+        abs_r = np.abs(resid)
+        new_weights = np.where(abs_r <= cut, 1.0, cut / np.maximum(abs_r, 1e-300))
+        if np.allclose(new_weights, weights, rtol=1e-6, atol=1e-9):
+            break
+        weights = new_weights
     return coef / scale
+
+
+def _weighted_fit(xs: np.ndarray, y: np.ndarray, w: np.ndarray, lb: np.ndarray, pinned: np.ndarray) -> np.ndarray:
+    """Weighted least squares; coefficients that violate ``lb`` are pinned to it (in place)."""
+    sw = np.sqrt(w)
+    while True:
+        coef = np.where(pinned, lb, 0.0)
+        free = ~pinned
+        rhs = (y - xs[:, pinned] @ lb[pinned]) * sw
+        coef[free], *_ = np.linalg.lstsq(xs[:, free] * sw[:, None], rhs, rcond=None)
+        violated = free & (coef < lb)
+        if not violated.any():
+            return coef
+        pinned |= violated
 
 
 @dataclass(frozen=True)

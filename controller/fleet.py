@@ -48,6 +48,11 @@ class ControllerConfig(BaseModel):
     min_samples: int = Field(30, ge=1, description="No estimate before this many completions are held.")
     step_window: int = Field(2048, ge=16, description="Step timings kept per step kind and replica.")
     min_steps: int = Field(20, ge=3, description="Step samples needed before a cost part is fitted.")
+    cost_refit_every: int = Field(
+        10,
+        ge=1,
+        description="Workload updates between cost-model refits of a replica (hardware drifts slowly).",
+    )
     concurrency_ema: float = Field(
         0.05, gt=0, le=1, description="Weight of each step's running+waiting in the concurrency EMA."
     )
@@ -109,6 +114,7 @@ class ReplicaState:
     planner: ThresholdPlanner
     current: ThresholdUpdate
     cost: CostFit | None = None
+    ordinal: int = 0  # registration order; staggers cost refits across replicas
     concurrency: float | None = None  # EMA of running + waiting
     applied_version: int = -1
     last_seen: float = 0.0
@@ -152,6 +158,7 @@ class FleetController:
         self.rejected: Counter[str] = Counter()  # by reason
         self.last_update_seconds = 0.0
         self._saved: dict[str, dict] = {}  # persisted replica state awaiting re-registration
+        self._registrations = 0
 
     # -- replicas ----------------------------------------------------------
 
@@ -196,7 +203,9 @@ class FleetController:
             cost=old.cost if old else None,
             concurrency=old.concurrency if old else (saved or {}).get("concurrency"),
             last_seen=self.clock(),
+            ordinal=old.ordinal if old else self._registrations,
         )
+        self._registrations += 1
         self.replicas[replica_id] = state
         state.current = self._effective(state)
         return state.current
@@ -277,7 +286,9 @@ class FleetController:
         for replica in self.replicas.values():
             plan = None
             if estimate is not None:
-                replica.cost = replica.fitter.fit()
+                # refits are staggered so one update refits about 1/cost_refit_every of the fleet
+                if replica.cost is None or (self.updates + replica.ordinal) % self.config.cost_refit_every == 0:
+                    replica.cost = replica.fitter.fit()
                 plan = replica.planner.plan(
                     estimate,
                     replica.cost.model,
@@ -440,5 +451,3 @@ class FleetController:
                 expires_at=ov["expires_at"],
             )
         self.history.extend(Decision(**d) for d in state.get("history", []))
-        if self.workload.estimate is None and self.workload.n_samples >= self.workload.min_samples:
-            self.workload.update()

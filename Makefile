@@ -1,0 +1,46 @@
+# EB+ Serve — the two commands of README.md are `make serve` and `make test`.
+#
+# `make install` creates (or reuses) .venv and installs the project with every
+# extra this machine can use; it re-runs only when pyproject.toml or the install
+# script changed.
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.ebplus-installed
+CONFIG ?= deploy/local.yaml
+PYTEST_ARGS ?=
+
+.PHONY: install test test-unit lint serve models bench-sim bench-controller clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml deploy/install.sh
+	bash deploy/install.sh "$(VENV)"
+	touch $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# fast tier only: pure logic and the simulator (seconds)
+test-unit: install
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+serve: install
+	$(VENV)/bin/ebplus serve --config $(CONFIG)
+
+models: install
+	$(VENV)/bin/ebplus build-model smollm2
+	$(VENV)/bin/ebplus build-model tiny
+
+bench-sim: install
+	$(VENV)/bin/ebplus bench-sim
+
+bench-controller: install
+	$(PY) -m bench.controller_bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,209 @@
+"""FleetController: cadence, per-replica decisions, validation, overrides, persistence."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from controller.cost_model import CostModel
+from controller.fleet import ControllerConfig, FleetController, OverrideError
+from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from replicas.phases import Mode
+
+H200 = CostModel(
+    alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
+)
+RTX = CostModel(
+    alpha_p=4.691e-3, beta_p=5.008e-5, alpha_d=1.0376e-2, beta_d=1.0388e-4, beta_mb=(6.29e-5, 1.969e-4, 9.9e-6)
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def fleet(clock: FakeClock) -> FleetController:
+    fc = FleetController(ControllerConfig(update_every=100), clock=clock)
+    fc.register("h200-0", Mode.AUTO, 2_000_000, 1024, H200)
+    fc.register("rtx-0", Mode.AUTO, 600_000, 1024, RTX)
+    return fc
+
+
+def completions(n: int, seed: int = 0, mean: float = 256) -> tuple[CompletionRecord, ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(CompletionRecord(512, int(o), FinishReason.STOP) for o in rng.geometric(1 / mean, size=n))
+
+
+def steps(n: int, running: int = 900, waiting: int = 500) -> tuple[StepRecord, ...]:
+    return tuple(StepRecord(0, running, running, waiting, 0.03) for _ in range(n))
+
+
+def test_updates_every_m_completions_fleet_wide(fleet: FleetController) -> None:
+    assert fleet.version == 0
+    fleet.ingest(TelemetryBatch("h200-0", completions(60), steps(5)))
+    assert fleet.version == 0
+    fleet.ingest(TelemetryBatch("rtx-0", completions(40, seed=1), steps(5)))
+    assert fleet.version == 1 and fleet.updates == 1
+    fleet.ingest(TelemetryBatch("rtx-0", completions(99, seed=2)))
+    assert fleet.version == 1
+    fleet.ingest(TelemetryBatch("h200-0", completions(1, seed=3)))
+    assert fleet.version == 2
+    assert {d.replica_id for d in fleet.history if d.version == 2} == {"h200-0", "rtx-0"}
+
+
+def test_decisions_are_per_replica(fleet: FleetController) -> None:
+    for i in range(3):
+        fleet.ingest(TelemetryBatch("h200-0", completions(100, seed=i), steps(20)))
+        fleet.ingest(TelemetryBatch("rtx-0", completions(100, seed=10 + i), steps(20)))
+    h, r = fleet.thresholds("h200-0"), fleet.thresholds("rtx-0")
+    assert h.version == r.version == fleet.version
+    # different alpha_p/alpha_d and KV capacity -> different thresholds and caps
+    assert (h.k, h.n) != (r.k, r.n)
+    assert r.n < h.n
+
+
+def test_bad_records_are_rejected_and_counted(fleet: FleetController) -> None:
+    bad = (
+        CompletionRecord(512, -3, FinishReason.STOP),
+        {"input_len": float("nan"), "output_len": 4, "finish": "stop"},
+        {"input_len": 4, "output_len": 10**9, "finish": "stop"},
+        {"input_len": 4, "output_len": 4, "finish": "exploded"},
+        {"input_len": "x", "output_len": 4, "finish": "stop"},
+        None,
+    )
+    bad_steps = (StepRecord(0, 5, 5, 0, float("inf")), StepRecord(0, 0, 0, 0, 0.1), {"prefill_tokens": 3})
+    fleet.ingest(TelemetryBatch("h200-0", bad + completions(2), bad_steps))
+    assert fleet.rejected == {
+        "negative": 1,
+        "not_finite": 2,
+        "absurd_value": 1,
+        "bad_finish_reason": 2,
+        "bad_type": 1,
+        "empty_step": 1,
+        "missing_field": 1,
+    }
+    assert fleet.received["completions"] == 2 and fleet.workload.completions == 2
+    assert fleet.ingest(TelemetryBatch("nobody", completions(5))) is None
+    assert fleet.rejected["unknown_replica"] == 1
+
+
+def test_aborted_and_capped_requests(fleet: FleetController) -> None:
+    recs = (
+        CompletionRecord(10, 0, FinishReason.ABORT),
+        CompletionRecord(10, 50, FinishReason.LENGTH),
+        CompletionRecord(10, 20, FinishReason.STOP),
+    )
+    fleet.ingest(TelemetryBatch("h200-0", recs))
+    assert fleet.received["aborted"] == 1
+    assert fleet.workload.n_samples == 2
+    assert fleet.workload.state()["censored"] == [True, False]
+
+
+def test_applied_version_and_drops_tracked(fleet: FleetController) -> None:
+    fleet.ingest(TelemetryBatch("h200-0", applied_version=0, dropped_steps=3, dropped_completions=1))
+    r = fleet.replicas["h200-0"]
+    assert (r.applied_version, r.dropped_steps, r.dropped_completions) == (0, 3, 1)
+
+
+def test_override_applies_and_expires(fleet: FleetController, clock: FakeClock) -> None:
+    v = fleet.set_override("rtx-0", mode="eb", k=7, n=300, ttl_s=60, force=True)
+    t = fleet.thresholds("rtx-0")
+    assert (t.mode, t.active, t.k, t.n, t.version) == (Mode.EB, Mode.EB, 7, 300, v)
+    assert fleet.thresholds("h200-0").k != 7
+    clock.now += 61
+    t = fleet.thresholds("rtx-0")
+    assert t.mode is Mode.AUTO and t.k != 7 and t.version == v + 1
+    assert "rtx-0" not in fleet.overrides
+
+
+def test_fleet_override_and_replica_precedence(fleet: FleetController) -> None:
+    fleet.set_override("*", mode="mb")
+    fleet.set_override("h200-0", k=3)
+    h, r = fleet.thresholds("h200-0"), fleet.thresholds("rtx-0")
+    assert h.active is Mode.MB and h.k == 3
+    assert r.active is Mode.MB
+    assert fleet.clear_override("*") and not fleet.clear_override("*")
+    assert fleet.thresholds("rtx-0").mode is Mode.AUTO
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        (dict(replica_id="ghost", k=3), "replica"),
+        (dict(replica_id="rtx-0", mode="turbo"), "mode"),
+        (dict(replica_id="rtx-0", k=0), "k"),
+        (dict(replica_id="rtx-0", k=50, n=10, force=True), "k"),
+        (dict(replica_id="rtx-0", n=5000), "n"),
+        (dict(replica_id="rtx-0", n=0), "n"),
+        (dict(replica_id="rtx-0", ttl_s=-1, k=2), "ttl_s"),
+        (dict(replica_id="rtx-0"), "mode"),
+    ],
+)
+def test_invalid_overrides_change_nothing(fleet: FleetController, kwargs: dict, field: str) -> None:
+    before = (fleet.version, dict(fleet.overrides), fleet.thresholds("rtx-0"))
+    with pytest.raises(OverrideError) as err:
+        fleet.set_override(**kwargs)
+    assert err.value.field == field
+    assert (fleet.version, dict(fleet.overrides), fleet.thresholds("rtx-0")) == before
+
+
+def test_n_above_kv_safe_needs_force(fleet: FleetController) -> None:
+    for i in range(2):
+        fleet.ingest(TelemetryBatch("rtx-0", completions(100, seed=i), steps(10)))
+    safe = fleet.kv_safe_n(fleet.replicas["rtx-0"])
+    assert safe < 1024
+    with pytest.raises(OverrideError, match="KV-safe"):
+        fleet.set_override("rtx-0", n=safe + 1)
+    fleet.set_override("rtx-0", n=safe + 1, force=True)
+    assert fleet.thresholds("rtx-0").n == safe + 1
+
+
+def test_state_round_trip_resumes_without_cold_start(fleet: FleetController, clock: FakeClock) -> None:
+    for i in range(3):
+        fleet.ingest(TelemetryBatch("h200-0", completions(100, seed=i), steps(30)))
+    fleet.set_override("rtx-0", k=5)
+    before = {rid: fleet.thresholds(rid) for rid in fleet.replicas}
+    saved = json.loads(json.dumps(fleet.state()))
+
+    resumed = FleetController(ControllerConfig(update_every=100), clock=clock)
+    resumed.restore(saved)
+    after = {
+        "h200-0": resumed.register("h200-0", Mode.AUTO, 2_000_000, 1024, H200),
+        "rtx-0": resumed.register("rtx-0", Mode.AUTO, 600_000, 1024, RTX),
+    }
+    assert after == before
+    assert resumed.workload.state() == fleet.workload.state()
+    assert len(resumed.history) == len(fleet.history)
+    # and the next update continues the version sequence
+    resumed.ingest(TelemetryBatch("h200-0", completions(100, seed=9)))
+    assert resumed.version == fleet.version + 1
+
+
+def test_new_replica_inherits_fleet_plan(fleet: FleetController) -> None:
+    for i in range(2):
+        fleet.ingest(TelemetryBatch("h200-0", completions(100, seed=i), steps(10)))
+    t = fleet.register("h200-1", Mode.AUTO, 2_000_000, 1024, H200)
+    assert (t.k, t.n, t.active) == (
+        fleet.thresholds("h200-0").k,
+        fleet.thresholds("h200-0").n,
+        fleet.thresholds("h200-0").active,
+    )
+
+
+def test_forget_stale(fleet: FleetController, clock: FakeClock) -> None:
+    clock.now += 100
+    fleet.ingest(TelemetryBatch("h200-0"))
+    assert fleet.forget_stale(50) == ["rtx-0"]
+    assert list(fleet.replicas) == ["h200-0"]

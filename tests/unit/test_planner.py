@@ -1,0 +1,135 @@
+"""ThresholdPlanner: theta smoothing, N growth, hysteresis and cooldown of the EB/MB switch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controller import theory
+from controller.cost_model import CostModel
+from controller.estimator import Estimate
+from controller.planner import Plan, PlannerConfig, ThresholdPlanner
+from replicas.phases import Mode
+
+H200 = CostModel(
+    alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
+)
+
+
+def estimate(p0: float = 1 / 256, eta: float = 0.0, mu_l: float = 512.0) -> Estimate:
+    return Estimate(
+        p0=p0,
+        eta=eta,
+        mu_l=mu_l,
+        mu_o=1 / p0,
+        n_samples=500,
+        n_censored=0,
+        t_lo=1,
+        t_hi=700,
+        method="wls",
+        timestamp=0.0,
+    )
+
+
+def cost_with_mixing(extra: float) -> CostModel:
+    """H200 costs with a mixed-step per-token cost of EB's weighted cost + ``extra``."""
+    b = theory.beta_eb_weighted(H200.beta_p, H200.beta_d, 512, 256)
+    return H200.model_copy(update={"beta_mb": (b + extra, 0.0, 0.0)})
+
+
+def test_cold_update_is_mb_with_cold_theta() -> None:
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=1000, theta_cold=0.1))
+    u = p.cold_update(Mode.AUTO)
+    assert (u.active, u.k, u.n, u.version) == (Mode.MB, 100, 1000, 0)
+
+
+def test_first_plan_uses_closed_forms() -> None:
+    cfg = PlannerConfig(max_num_seqs=1024)
+    p = ThresholdPlanner(cfg)
+    plan = p.plan(estimate(), H200, kv_capacity_tokens=10**9, n_obs=5000)
+    t0 = theory.theta0(1 / 256, H200.alpha_p, H200.alpha_d)
+    assert plan.theta0 == pytest.approx(t0)
+    assert plan.delta_theta == 0.0 and plan.theta == pytest.approx(t0)
+    assert plan.n_cap == 1024 and plan.n_eb == 1024
+    assert plan.k == theory.k_star(t0, 1024)
+    assert p.update_for(Mode.EB, 7).k == plan.k and p.update_for(Mode.EB, 7).version == 7
+
+
+def test_k_follows_observed_concurrency_below_cap() -> None:
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=1024))
+    plan = p.plan(estimate(), H200, kv_capacity_tokens=10**9, n_obs=100)
+    assert plan.n_eb == 100 and plan.k == theory.k_star(plan.theta, 100)
+
+
+def test_theta_is_smoothed() -> None:
+    cfg = PlannerConfig(max_num_seqs=1024, theta_ema=0.3)
+    p = ThresholdPlanner(cfg)
+    a = p.plan(estimate(p0=1 / 256), H200, 10**9, 5000).theta
+    target = theory.theta0(1 / 32, H200.alpha_p, H200.alpha_d)
+    b = p.plan(estimate(p0=1 / 32), H200, 10**9, 5000).theta
+    assert b == pytest.approx(a + 0.3 * (target - a))
+
+
+def test_n_shrinks_at_once_and_grows_gradually() -> None:
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=4096, n_growth=1.5))
+    small = p.plan(estimate(), H200, kv_capacity_tokens=200_000, n_obs=9999)
+    assert small.n_cap == small.n_star_clt < 4096
+    big = p.plan(estimate(), H200, kv_capacity_tokens=10**9, n_obs=9999)
+    assert big.n_cap == math.ceil(small.n_cap * 1.5)
+
+
+def test_paper_method_selectable() -> None:
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=4096, n_star_method="paper"))
+    plan = p.plan(estimate(), H200, kv_capacity_tokens=300_000, n_obs=9999)
+    assert plan.n_cap == plan.n_star_paper != plan.n_star_clt
+
+
+def test_switches_to_eb_when_mixing_costs_more() -> None:
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=1024, cooldown=0))
+    plan = p.plan(estimate(), cost_with_mixing(1e-4), 10**9, 5000)
+    assert plan.switched and plan.active is Mode.EB
+    assert plan.crossover is not None and plan.crossover.winner is theory.Winner.EB
+
+
+def test_no_decision_at_low_concurrency() -> None:
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=1024, min_concurrency=16))
+    plan = p.plan(estimate(), cost_with_mixing(1e-4), 10**9, n_obs=8)
+    assert plan.active is Mode.MB and not plan.switched and plan.crossover is None
+
+
+def test_hysteresis_and_sticky_eb() -> None:
+    cfg = PlannerConfig(max_num_seqs=1024, cooldown=0, delta=5e-6, sticky_eb=3.0)
+    p = ThresholdPlanner(cfg)
+    assert p.plan(estimate(), cost_with_mixing(1e-4), 10**9, 5000).active is Mode.EB
+    # MB now slightly better, but not by 3*delta: stay in EB
+    plan = p.plan(estimate(), cost_with_mixing(0.0), 10**9, 5000)
+    assert 0 < plan.crossover.margin < 1.5e-5
+    assert plan.active is Mode.EB and not plan.switched
+    # MB clearly better: switch
+    plan = p.plan(estimate(), cost_with_mixing(-2e-5), 10**9, 5000)
+    assert plan.crossover.margin > 1.5e-5
+    assert plan.active is Mode.MB and plan.switched
+
+
+def test_cooldown_holds_mode_after_switch() -> None:
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=1024, cooldown=2, delta=5e-6))
+    assert p.plan(estimate(), cost_with_mixing(1e-4), 10**9, 5000).switched
+    for _ in range(2):
+        plan = p.plan(estimate(), cost_with_mixing(-2e-5), 10**9, 5000)
+        assert plan.active is Mode.EB and plan.reason.startswith("hold: cooldown")
+    assert p.plan(estimate(), cost_with_mixing(-2e-5), 10**9, 5000).active is Mode.MB
+
+
+def test_plan_round_trips_through_dict() -> None:
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=1024))
+    plan = p.plan(estimate(eta=1e-6), cost_with_mixing(1e-4), 10**9, 5000)
+    assert Plan.from_dict(plan.as_dict()) == plan
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("eps", 0.0), ("n_star_method", "magic"), ("max_num_seqs", 1), ("theta_min", 0.9)]
+)
+def test_config_rejects_bad_values(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        PlannerConfig(**{field: value})
