@@ -19,6 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from controller import theory
 
 
+def step_kind(n_prefill_tokens: int, n_decode_tokens: int) -> str:
+    """``"prefill"``, ``"decode"`` or ``"mixed"``: which coefficients price a step."""
+    if n_decode_tokens == 0:
+        return "prefill"
+    return "decode" if n_prefill_tokens == 0 else "mixed"
+
+
 class CostModel(BaseModel):
     """Step-time coefficients (seconds, seconds per token)."""
 
@@ -69,10 +76,11 @@ class CostModel(BaseModel):
         n = n_prefill_tokens + n_decode_tokens
         if n <= 0:
             return 0.0
-        kv = self.beta_kv * kv_tokens if n_decode_tokens else 0.0
-        if n_decode_tokens == 0:
+        kind = step_kind(n_prefill_tokens, n_decode_tokens)
+        if kind == "prefill":
             return self.alpha_p + self.beta_p * n_prefill_tokens
-        if n_prefill_tokens == 0:
+        kv = self.beta_kv * kv_tokens
+        if kind == "decode":
             return self.alpha_d + self.beta_d * n_decode_tokens + kv
         return self.alpha_mixed + self.beta_mixed(n_decode_tokens / n) * n + kv
 

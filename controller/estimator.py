@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controller.cost_model import CostModel
+from controller.cost_model import CostModel, step_kind
 
 Clock = Callable[[], float]
 
@@ -308,9 +308,10 @@ class CostModelFitter:
             raise ValueError(f"step seconds must be finite and > 0, got {seconds!r}")
         if p + d == 0:
             raise ValueError("a step must schedule at least one token")
-        if d == 0:
+        kind = step_kind(p, d)
+        if kind == "prefill":
             self._prefill.append((p, s))
-        elif p == 0:
+        elif kind == "decode":
             self._decode.append((d, s))
         else:
             self._mixed.append((p, d, s))

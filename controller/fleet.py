@@ -24,13 +24,14 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.cost_model import CostModel
+from controller.cost_model import CostModel, step_kind
 from controller.estimator import CostFit, CostModelFitter, Estimate, WorkloadEstimator
 from controller.planner import Plan, PlannerConfig, PlannerState, ThresholdPlanner
+from controller.stats import STEP_SECONDS_BUCKETS, UPDATE_SECONDS_BUCKETS, Histogram
 from controller.telemetry import FinishReason, TelemetryBatch, check_completion, check_step
 from replicas.phases import Mode, ThresholdUpdate
 
@@ -121,6 +122,10 @@ class ReplicaState:
     updated_at: float = 0.0
     dropped_completions: int = 0
     dropped_steps: int = 0
+    device: str = ""
+    mode_switches: int = 0  # changes of the active policy published to this replica
+    engine_stats: dict = field(default_factory=dict)  # cumulative counters reported by the replica
+    step_seconds: dict[str, Histogram] = field(default_factory=dict)  # by step phase
 
     @property
     def cost_model(self) -> CostModel:
@@ -157,6 +162,7 @@ class FleetController:
         self.received: Counter[str] = Counter()  # completions, steps, batches
         self.rejected: Counter[str] = Counter()  # by reason
         self.last_update_seconds = 0.0
+        self.update_seconds = Histogram(UPDATE_SECONDS_BUCKETS)
         self._saved: dict[str, dict] = {}  # persisted replica state awaiting re-registration
         self._registrations = 0
 
@@ -169,8 +175,13 @@ class FleetController:
         kv_capacity_tokens: int,
         max_num_seqs: int,
         prior: CostModel,
+        device: str = "",
     ) -> ThresholdUpdate:
-        """Add (or re-add) a replica; returns the thresholds it should run now."""
+        """Add (or re-add) a replica; returns the thresholds it should run now.
+
+        ``device`` (e.g. ``"NVIDIA H200"``) is shown in the admin API; the prior
+        cost model is chosen from it by the caller.
+        """
         mode = Mode(mode)
         if kv_capacity_tokens < 1 or max_num_seqs < 2:
             raise ValueError("kv_capacity_tokens must be >= 1 and max_num_seqs >= 2")
@@ -185,12 +196,17 @@ class FleetController:
             planner.state = PlannerState(**{**saved["planner"], "active": Mode(saved["planner"]["active"])})
             planner.last = None if saved["last_plan"] is None else Plan.from_dict(saved["last_plan"])
             prior = CostModel(**saved["cost_model"])
+            mode_switches = int(saved.get("mode_switches", 0))
         else:
             # a new replica inherits the fleet's latest plan state so it does not cold-start
             donor = next(iter(self.replicas.values()), None)
             if donor is not None and donor.planner.last is not None:
                 planner.state = dataclasses.replace(donor.planner.state)
                 planner.last = donor.planner.last
+        if old is not None:
+            mode_switches = old.mode_switches
+        elif saved is None:
+            mode_switches = 0
         fitter = old.fitter if old else CostModelFitter(prior, self.config.step_window, self.config.min_steps)
         state = ReplicaState(
             replica_id=replica_id,
@@ -204,6 +220,10 @@ class FleetController:
             concurrency=old.concurrency if old else (saved or {}).get("concurrency"),
             last_seen=self.clock(),
             ordinal=old.ordinal if old else self._registrations,
+            device=device,
+            mode_switches=mode_switches,
+            engine_stats=old.engine_stats if old else {},
+            step_seconds=old.step_seconds if old else {},
         )
         self._registrations += 1
         self.replicas[replica_id] = state
@@ -243,6 +263,7 @@ class FleetController:
             replica.applied_version = applied
         replica.dropped_completions += max(0, int(getattr(batch, "dropped_completions", 0) or 0))
         replica.dropped_steps += max(0, int(getattr(batch, "dropped_steps", 0) or 0))
+        self._ingest_engine_stats(replica, getattr(batch, "extra", None))
         self._ingest_completions(getattr(batch, "completions", ()) or ())
         self._ingest_steps(replica, getattr(batch, "steps", ()) or ())
         if self.workload.update_due():
@@ -262,6 +283,19 @@ class FleetController:
                 continue
             self.workload.observe(rec.input_len, rec.output_len, censored=rec.finish is FinishReason.LENGTH)
 
+    def _ingest_engine_stats(self, replica: ReplicaState, extra: object) -> None:
+        """Cumulative engine counters (steps by phase, phase switches, preemptions...)."""
+        if not isinstance(extra, dict) or "engine_stats" not in extra:
+            return
+        stats = extra["engine_stats"]
+        if not isinstance(stats, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+            for k, v in stats.items()
+        ):
+            self.rejected["bad_engine_stats"] += 1
+            return
+        replica.engine_stats = dict(stats)
+
     def _ingest_steps(self, replica: ReplicaState, records) -> None:
         alpha = self.config.concurrency_ema
         for raw in records:
@@ -271,6 +305,11 @@ class FleetController:
                 continue
             self.received["steps"] += 1
             replica.fitter.observe_step(rec.prefill_tokens, rec.decode_tokens, rec.seconds)
+            kind = step_kind(rec.prefill_tokens, rec.decode_tokens)
+            hist = replica.step_seconds.get(kind)
+            if hist is None:
+                hist = replica.step_seconds[kind] = Histogram(STEP_SECONDS_BUCKETS)
+            hist.observe(rec.seconds)
             demand = float(rec.running + rec.waiting)
             c = replica.concurrency
             replica.concurrency = demand if c is None else c + alpha * (demand - c)
@@ -297,10 +336,14 @@ class FleetController:
                 )
             self._publish(replica, cause, estimate, plan)
         self.last_update_seconds = time.perf_counter() - started
+        self.update_seconds.observe(self.last_update_seconds)
         return self.version
 
     def _publish(self, replica: ReplicaState, cause: str, estimate: Estimate | None, plan: Plan | None) -> None:
+        previous = replica.current.active
         replica.current = self._effective(replica)
+        if replica.current.active is not previous:
+            replica.mode_switches += 1
         replica.updated_at = self.clock()
         override = self.overrides.get(replica.replica_id) or self.overrides.get(FLEET)
         self.history.append(
@@ -406,6 +449,60 @@ class FleetController:
         replica = self.replicas.get(replica_id)
         return None if replica is None else replica.current
 
+    # -- views -------------------------------------------------------------
+
+    def replica_view(self, replica: ReplicaState) -> dict:
+        """Everything the admin API and the exporter show about one replica."""
+        plan = replica.planner.last
+        cost = replica.cost_model
+        return {
+            **replica.current.as_dict(),
+            "applied_version": replica.applied_version,
+            "updated_at": replica.updated_at,
+            "last_seen": replica.last_seen,
+            "device": replica.device,
+            "theta0": None if plan is None else plan.theta0,
+            "delta_theta": None if plan is None else plan.delta_theta,
+            "theta_star": None if plan is None else plan.theta_star,
+            "theta": replica.planner.state.theta or self.config.planner.theta_cold,
+            "n_star": None if plan is None else plan.n_cap,
+            "concurrency": replica.concurrency,
+            "kv_capacity_tokens": replica.kv_capacity_tokens,
+            "max_num_seqs": replica.max_num_seqs,
+            "crossover": None if plan is None or plan.crossover is None else plan.crossover.as_dict(),
+            "reason": None if plan is None else plan.reason,
+            "cost_model": {**cost.model_dump(), "alpha_mb": cost.alpha_mixed},
+            "cost_fitted": [] if replica.cost is None else list(replica.cost.fitted),
+            "mode_switches": replica.mode_switches,
+            "dropped": {"completions": replica.dropped_completions, "steps": replica.dropped_steps},
+            "engine_stats": dict(replica.engine_stats),
+            "step_seconds": {kind: h.as_dict() for kind, h in replica.step_seconds.items()},
+        }
+
+    def snapshot(self) -> dict:
+        """One consistent view of the whole controller (admin API and /metrics read this)."""
+        self._expire_overrides()
+        est = self.workload.estimate
+        return {
+            "version": self.version,
+            "updates": self.updates,
+            "estimate": None if est is None else dataclasses.asdict(est),
+            "completions": self.workload.completions,
+            "received": dict(self.received),
+            "rejected": dict(self.rejected),
+            "overrides": {key: ov.as_dict() for key, ov in self.overrides.items()},
+            "last_update_seconds": self.last_update_seconds,
+            "update_seconds": self.update_seconds.as_dict(),
+            "replicas": {rid: self.replica_view(r) for rid, r in self.replicas.items()},
+        }
+
+    def history_view(self, limit: int | None = None) -> list[dict]:
+        """The newest ``limit`` decisions, newest last."""
+        items = list(self.history)
+        if limit is not None:
+            items = items[-limit:] if limit > 0 else []
+        return [dataclasses.asdict(d) for d in items]
+
     # -- persistence -------------------------------------------------------
 
     def state(self) -> dict:
@@ -426,11 +523,15 @@ class FleetController:
                     "last_plan": None if r.planner.last is None else r.planner.last.as_dict(),
                     "cost_model": r.cost_model.model_dump(),
                     "concurrency": r.concurrency,
+                    "mode_switches": r.mode_switches,
                 }
                 for rid, r in self.replicas.items()
             },
             "overrides": {key: ov.as_dict() for key, ov in self.overrides.items()},
-            "history": [dataclasses.asdict(d) for d in self.history],
+            "history": self.history_view(),
+            "received": dict(self.received),
+            "rejected": dict(self.rejected),
+            "update_seconds": self.update_seconds.as_dict(),
         }
 
     def restore(self, state: dict) -> None:
@@ -451,3 +552,7 @@ class FleetController:
                 expires_at=ov["expires_at"],
             )
         self.history.extend(Decision(**d) for d in state.get("history", []))
+        self.received.update(state.get("received", {}))
+        self.rejected.update(state.get("rejected", {}))
+        if "update_seconds" in state:
+            self.update_seconds = Histogram.from_dict(state["update_seconds"])

@@ -19,6 +19,20 @@ MAX_TOKENS_PER_REQUEST = 10_000_000
 # Steps slower than this are treated as corrupt (a stalled engine reports nothing).
 MAX_STEP_SECONDS = 600.0
 
+# Every reason a record can be rejected for (exported as zero until seen).
+REJECT_REASONS = (
+    "missing_field",
+    "bad_type",
+    "not_finite",
+    "negative",
+    "out_of_range",
+    "absurd_value",
+    "bad_finish_reason",
+    "empty_step",
+    "unknown_replica",
+    "bad_engine_stats",
+)
+
 
 class FinishReason(StrEnum):
     """Why a request left the engine (vLLM's finish reasons, plus aborted/failed)."""
@@ -89,6 +103,8 @@ def _int_field(record: Any, name: str, lo: int, hi: int) -> int | str:
 def check_completion(record: Any) -> CompletionRecord | str:
     """A validated :class:`CompletionRecord`, or the reason it was rejected."""
     finish_raw = record.get("finish") if isinstance(record, dict) else getattr(record, "finish", None)
+    if finish_raw is None:
+        return "missing_field"
     try:
         finish = FinishReason(finish_raw)
     except ValueError:

@@ -89,10 +89,10 @@ def test_bad_records_are_rejected_and_counted(fleet: FleetController) -> None:
         "negative": 1,
         "not_finite": 2,
         "absurd_value": 1,
-        "bad_finish_reason": 2,
+        "bad_finish_reason": 1,
         "bad_type": 1,
         "empty_step": 1,
-        "missing_field": 1,
+        "missing_field": 2,
     }
     assert fleet.received["completions"] == 2 and fleet.workload.completions == 2
     assert fleet.ingest(TelemetryBatch("nobody", completions(5))) is None

@@ -1,0 +1,177 @@
+"""Prometheus exposition of the controller's snapshot (``/metrics``).
+
+The controller keeps plain counters and histograms (``FleetController.snapshot``);
+this module maps one snapshot to metric families. The ingress renders it on each
+scrape, so ``/metrics`` and ``/admin/*`` show the same values by construction.
+
+:data:`METRICS` is the single list of names, types, labels and help texts: the
+README's metrics table and the Grafana dashboards are checked against it, so a
+renamed metric cannot leave a panel showing "No data".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controller.telemetry import REJECT_REASONS
+
+R = ("replica", "model")  # per-replica labels
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: str  # gauge | counter | histogram
+    labels: tuple[str, ...]
+    help: str
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    # per replica: the decision
+    MetricSpec("ebplus_threshold_k", "gauge", R, "EB threshold k applied by the controller (requests)."),
+    MetricSpec("ebplus_batch_cap_n", "gauge", R, "Cap N on concurrently running requests."),
+    MetricSpec("ebplus_n_star", "gauge", R, "Memory-safe batch size N* from the latest plan."),
+    MetricSpec("ebplus_theta0", "gauge", R, "CFR threshold fraction theta0 (eq. 3)."),
+    MetricSpec("ebplus_delta_theta", "gauge", R, "IFR correction Delta theta (eq. 5), clamped."),
+    MetricSpec("ebplus_theta_star", "gauge", R, "theta* = theta0 + Delta theta, clamped."),
+    MetricSpec("ebplus_theta", "gauge", R, "Smoothed theta the threshold is computed from."),
+    MetricSpec("ebplus_mode_info", "gauge", (*R, "mode"), "1 for the replica's configured mode (mb|eb|v0|auto)."),
+    MetricSpec("ebplus_policy_eb", "gauge", R, "1 while the replica runs exclusive batching, 0 for mixed."),
+    MetricSpec("ebplus_crossover_margin", "gauge", R, "EB/MB crossover margin (s/token); > 0 favours MB."),
+    MetricSpec("ebplus_threshold_version", "gauge", R, "Version of the thresholds the controller publishes."),
+    MetricSpec("ebplus_applied_version", "gauge", R, "Version of the thresholds the replica reports applied."),
+    MetricSpec("ebplus_mode_switches_total", "counter", R, "Changes of the active policy (EB<->MB)."),
+    MetricSpec("ebplus_concurrency_observed", "gauge", R, "EMA of running + waiting requests."),
+    MetricSpec("ebplus_kv_capacity_tokens", "gauge", R, "KV cache capacity reported by the replica (tokens)."),
+    # per replica: the engine
+    MetricSpec("ebplus_phase_switches_total", "counter", R, "Switches between prefill and decode phases."),
+    MetricSpec("ebplus_steps_total", "counter", (*R, "phase"), "Engine steps by phase (prefill|decode|mixed|idle)."),
+    MetricSpec("ebplus_preemptions_total", "counter", R, "Requests preempted for KV space (recomputed)."),
+    MetricSpec("ebplus_kv_backoffs_total", "counter", R, "Prefill phases ended early for lack of KV blocks."),
+    MetricSpec("ebplus_step_seconds", "histogram", (*R, "kind"), "Engine step time by kind (prefill|decode|mixed)."),
+    MetricSpec("ebplus_cost_alpha_seconds", "gauge", (*R, "kind"), "Fitted fixed step cost alpha by step kind."),
+    MetricSpec("ebplus_cost_beta_seconds", "gauge", (*R, "kind"), "Fitted per-token cost beta (prefill, decode)."),
+    MetricSpec("ebplus_cost_beta_mb", "gauge", (*R, "coef"), "Mixed-step per-token cost coefficients a, b, c."),
+    MetricSpec("ebplus_telemetry_dropped_total", "counter", (*R, "kind"), "Telemetry records a replica dropped."),
+    # fleet
+    MetricSpec("ebplus_workload_p0", "gauge", (), "Estimated hazard at t=0 of output lengths (1/token)."),
+    MetricSpec("ebplus_workload_eta", "gauge", (), "Estimated hazard slope of output lengths (1/token^2)."),
+    MetricSpec("ebplus_workload_mu_l_tokens", "gauge", (), "Estimated mean input length (tokens)."),
+    MetricSpec("ebplus_workload_mu_o_tokens", "gauge", (), "Estimated mean output length (tokens)."),
+    MetricSpec("ebplus_workload_samples", "gauge", (), "Output lengths in the estimation window."),
+    MetricSpec("ebplus_controller_version", "gauge", (), "Current decision version."),
+    MetricSpec("ebplus_controller_updates_total", "counter", (), "Re-estimations performed."),
+    MetricSpec("ebplus_controller_update_seconds", "histogram", (), "Time of one re-estimation of the fleet."),
+    MetricSpec("ebplus_telemetry_received_total", "counter", ("kind",), "Telemetry accepted (completions|steps|batches|aborted)."),
+    MetricSpec("ebplus_telemetry_rejected_total", "counter", ("reason",), "Telemetry records rejected, by reason."),
+    MetricSpec("ebplus_overrides_active", "gauge", (), "Operator overrides in force."),
+    MetricSpec("ebplus_replicas", "gauge", (), "Replicas known to the controller."),
+    MetricSpec("ebplus_controller_up", "gauge", (), "1 if the controller answered this scrape."),
+)  # fmt: skip
+
+SPECS = {m.name: m for m in METRICS}
+ENGINE_STEP_PHASES = ("prefill", "decode", "mixed", "idle")
+
+
+def _family(name: str) -> Metric:
+    spec = SPECS[name]
+    base = name.removesuffix("_total") if spec.kind == "counter" else name
+    cls = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}[spec.kind]
+    return cls(base, spec.help, labels=list(spec.labels))
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], h: dict) -> None:
+    buckets, cumulative = [], 0
+    for bound, count in zip([*h["bounds"], float("inf")], h["counts"], strict=True):
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+    family.add_metric(labels, buckets, h["sum"])
+
+
+def families(snapshot: dict | None, model: str) -> Iterator[Metric]:
+    """Metric families for one controller snapshot (``None``: controller unreachable)."""
+    up = _family("ebplus_controller_up")
+    up.add_metric([], 0.0 if snapshot is None else 1.0)
+    yield up
+    if snapshot is None:
+        return
+    fam = {spec.name: _family(spec.name) for spec in METRICS if spec.name != "ebplus_controller_up"}
+
+    def put(name: str, labels: list[str], value: float | None) -> None:
+        if value is not None:
+            fam[name].add_metric(labels, float(value))
+
+    for rid, r in snapshot["replicas"].items():
+        lab = [rid, model]
+        put("ebplus_threshold_k", lab, r["k"])
+        put("ebplus_batch_cap_n", lab, r["n"])
+        put("ebplus_n_star", lab, r["n_star"])
+        put("ebplus_theta0", lab, r["theta0"])
+        put("ebplus_delta_theta", lab, r["delta_theta"])
+        put("ebplus_theta_star", lab, r["theta_star"])
+        put("ebplus_theta", lab, r["theta"])
+        put("ebplus_mode_info", [*lab, r["mode"]], 1)
+        put("ebplus_policy_eb", lab, 1 if r["active"] == "eb" else 0)
+        put("ebplus_crossover_margin", lab, None if r["crossover"] is None else r["crossover"]["margin"])
+        put("ebplus_threshold_version", lab, r["version"])
+        put("ebplus_applied_version", lab, r["applied_version"])
+        put("ebplus_mode_switches_total", lab, r["mode_switches"])
+        put("ebplus_concurrency_observed", lab, r["concurrency"])
+        put("ebplus_kv_capacity_tokens", lab, r["kv_capacity_tokens"])
+        stats = r["engine_stats"]
+        put("ebplus_phase_switches_total", lab, stats.get("phase_switches", 0))
+        put("ebplus_preemptions_total", lab, stats.get("preemptions", 0))
+        put("ebplus_kv_backoffs_total", lab, stats.get("kv_backoffs", 0))
+        for phase in ENGINE_STEP_PHASES:
+            put("ebplus_steps_total", [*lab, phase], stats.get(f"steps_{phase}", 0))
+        for kind, h in r["step_seconds"].items():
+            _histogram(fam["ebplus_step_seconds"], [*lab, kind], h)
+        cost = r["cost_model"]
+        for kind, key in (("prefill", "alpha_p"), ("decode", "alpha_d"), ("mixed", "alpha_mb")):
+            put("ebplus_cost_alpha_seconds", [*lab, kind], cost[key])
+        for kind, key in (("prefill", "beta_p"), ("decode", "beta_d")):
+            put("ebplus_cost_beta_seconds", [*lab, kind], cost[key])
+        for coef, value in zip("abc", cost["beta_mb"], strict=True):
+            put("ebplus_cost_beta_mb", [*lab, coef], value)
+        for kind, value in r["dropped"].items():
+            put("ebplus_telemetry_dropped_total", [*lab, kind], value)
+
+    est = snapshot["estimate"] or {}
+    put("ebplus_workload_p0", [], est.get("p0"))
+    put("ebplus_workload_eta", [], est.get("eta"))
+    put("ebplus_workload_mu_l_tokens", [], est.get("mu_l"))
+    put("ebplus_workload_mu_o_tokens", [], est.get("mu_o"))
+    put("ebplus_workload_samples", [], est.get("n_samples", 0))
+    put("ebplus_controller_version", [], snapshot["version"])
+    put("ebplus_controller_updates_total", [], snapshot["updates"])
+    _histogram(fam["ebplus_controller_update_seconds"], [], snapshot["update_seconds"])
+    for kind in ("completions", "steps", "batches", "aborted"):
+        put("ebplus_telemetry_received_total", [kind], snapshot["received"].get(kind, 0))
+    for reason in sorted({*REJECT_REASONS, *snapshot["rejected"]}):
+        put("ebplus_telemetry_rejected_total", [reason], snapshot["rejected"].get(reason, 0))
+    put("ebplus_overrides_active", [], len(snapshot["overrides"]))
+    put("ebplus_replicas", [], len(snapshot["replicas"]))
+    yield from fam.values()
+
+
+class SnapshotCollector(Collector):
+    """A prometheus-client collector over one snapshot."""
+
+    def __init__(self, snapshot: dict | None, model: str) -> None:
+        self.snapshot = snapshot
+        self.model = model
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.snapshot, self.model)
+
+
+def render(snapshot: dict | None, model: str) -> bytes:
+    """Prometheus text exposition of a snapshot."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snapshot, model))
+    return generate_latest(registry)

@@ -1,0 +1,77 @@
+"""deploy/config.py: shipped configs load; bad ones fail with the field path named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deploy.config import ConfigError, ServeConfig, json_schema, load_config, parse_config
+from replicas.phases import Mode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["local.yaml", "gpu.yaml"])
+def test_shipped_configs_load(name: str) -> None:
+    cfg = load_config(ROOT / "deploy" / name)
+    assert isinstance(cfg, ServeConfig) and cfg.scheduler.mode is Mode.AUTO
+
+
+def test_local_is_the_cpu_default() -> None:
+    cfg = load_config(ROOT / "deploy" / "local.yaml")
+    assert cfg.model.id == "smollm2-135m-instruct" and cfg.model.source == "builtin:smollm2"
+    assert cfg.replicas.num_replicas == 1 and cfg.replicas.accelerator == "cpu"
+    assert cfg.engine.dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"engine": {"max_num_seqs": 1}}, "engine.max_num_seqs: Input should be greater than or equal to 2"),
+        ({"scheduler": {"mode": "turbo"}}, "scheduler.mode: Input should be"),
+        ({"controller": {"planner": {"eps": 0}}}, "controller.planner.eps"),
+        ({"controller": {"window": "big"}}, "controller.window"),
+        ({"http": {"port": 70000}}, "http.port"),
+        ({"replicas": {"numreplicas": 2}}, "replicas.numreplicas: Extra inputs are not permitted"),
+        ({"scheduler": {"n": 500}}, "scheduler.n (500) must be <= engine.max_num_seqs (256)"),
+        ({"scheduler": {"k": 300}}, "scheduler.k (300) must be <= n (256)"),
+        ({"replicas": {"accelerator": "cpu"}}, "engine.cpu_kv_cache_gib is required"),
+    ],
+)
+def test_invalid_configs_name_the_field(data: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "x.yaml")
+    assert needle in str(err.value) and str(err.value).startswith("x.yaml: ")
+
+
+def test_load_config_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(bad)
+
+
+def test_engine_kwargs_pass_through() -> None:
+    cfg = parse_config({"engine": {"max_num_batched_tokens": 512, "extra": {"seed": 3}}})
+    kw = cfg.engine.engine_kwargs()
+    assert kw["max_num_batched_tokens"] == 512 and kw["seed"] == 3 and kw["max_num_seqs"] == 256
+
+
+def test_json_schema_covers_every_section() -> None:
+    schema = json_schema()
+    assert set(schema["properties"]) == {
+        "model",
+        "engine",
+        "scheduler",
+        "replicas",
+        "controller",
+        "auth",
+        "http",
+        "ray",
+    }
