@@ -158,6 +158,25 @@ def load_profile(path: str | Path) -> HardwareProfile:
         raise ProfileError(validation_message(path, text, exc)) from None
 
 
+# Shipped profiles: bench/profiles/<name>.yaml (package data of ``bench``).
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "bench" / "profiles"
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def resolve_profile(name_or_path: str | Path) -> HardwareProfile:
+    """Load a shipped profile by name (``h200``) or any profile file by path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return load_profile(path)
+    shipped = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not shipped.exists():
+        raise ProfileError(f"unknown profile {str(name_or_path)!r}: not a file, and not one of {profile_names()}")
+    return load_profile(shipped)
+
+
 def dump_profile(profile: HardwareProfile, path: str | Path) -> None:
     """Write a profile YAML file (keys in the documented order)."""
     data = profile.model_dump(exclude_none=True)

@@ -278,10 +278,16 @@ class FleetController:
                 self.rejected[rec] += 1
                 continue
             self.received["completions"] += 1
-            if rec.finish in (FinishReason.ABORT, FinishReason.ERROR) or rec.output_len < 1:
-                self.received["aborted"] += 1  # not a sample of the natural length distribution
+            if rec.finish is FinishReason.ERROR or rec.output_len < 1:
+                self.received["aborted"] += 1  # says nothing about the natural length
                 continue
-            self.workload.observe(rec.input_len, rec.output_len, censored=rec.finish is FinishReason.LENGTH)
+            # Capped and aborted requests are right-censored: they decoded this many
+            # tokens and would have gone on. (vLLM reports a stop-string match as an
+            # abort too; censoring is the conservative reading of it.)
+            censored = rec.finish in (FinishReason.LENGTH, FinishReason.ABORT)
+            if rec.finish is FinishReason.ABORT:
+                self.received["aborted"] += 1
+            self.workload.observe(rec.input_len, rec.output_len, censored=censored)
 
     def _ingest_engine_stats(self, replica: ReplicaState, extra: object) -> None:
         """Cumulative engine counters (steps by phase, phase switches, preemptions...)."""

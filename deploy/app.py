@@ -1,0 +1,138 @@
+"""The Ray Serve application: ingress + EB+ vLLM replicas + the controller actor.
+
+``build_app(args)`` is a Ray Serve application builder: ``ebplus serve`` calls it
+locally and KubeRay's ``serveConfigV2`` names it (``import_path:
+deploy.app:build_app``) with the same mapping as ``args``, validated by
+:class:`deploy.config.ServeConfig`.
+
+It follows Ray Serve LLM's convention: an ``LLMConfig`` whose ``engine_kwargs``
+select our scheduler (``scheduler_cls``), deployed with
+``build_llm_deployment`` using our ``LLMServer`` subclass, behind the OpenAI
+ingress.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from deploy.config import ServeConfig, parse_config
+
+SCHEDULER_CLS = "replicas.scheduler.EBPlusScheduler"
+APP_NAME = "ebplus"
+
+
+def model_path(cfg: ServeConfig, build: bool = False) -> str:
+    """Filesystem path of the model; builtin models are built when ``build`` is set."""
+    source = cfg.model.source
+    if not source.startswith("builtin:"):
+        return source
+    from deploy import models
+
+    name = source.removeprefix("builtin:")
+    builders = {"smollm2": models.build_smollm2, "tiny": models.build_tiny_llama}
+    dirnames = {"smollm2": models.SMOLLM2_DIRNAME, "tiny": "tiny-llama-seed0"}
+    if name not in builders:
+        raise ValueError(f"model.source: unknown builtin model {source!r}; choose one of {sorted(builders)}")
+    cache = Path(cfg.model.cache_dir).expanduser().resolve()
+    if build:
+        return str(builders[name](cache, log=lambda msg: print(f"[model] {msg}", flush=True)))
+    return str(cache / dirnames[name])
+
+
+def engine_env(cfg: ServeConfig) -> dict[str, str]:
+    """Environment of the replica processes (vLLM's and the scheduler's start-up settings)."""
+    env = {"EBPLUS_MODE": cfg.scheduler.mode.value}
+    if cfg.scheduler.k is not None:
+        env["EBPLUS_K"] = str(cfg.scheduler.k)
+    if cfg.scheduler.n is not None:
+        env["EBPLUS_N"] = str(cfg.scheduler.n)
+    if cfg.engine.cpu_kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.engine.cpu_kv_cache_gib:g}"
+    # NOTE: secrets (auth.*_env) are not copied here: each process reads its own
+    # environment, so tokens never travel inside the application's definition.
+    return env
+
+
+def llm_config(cfg: ServeConfig, model_source: str) -> Any:
+    """The Ray Serve LLM ``LLMConfig`` of the replicas."""
+    from ray.serve.llm import LLMConfig
+
+    rep = cfg.replicas
+    kwargs: dict[str, Any] = {
+        "model_loading_config": {"model_id": cfg.model.id, "model_source": model_source},
+        "engine_kwargs": {**cfg.engine.engine_kwargs(), "scheduler_cls": SCHEDULER_CLS},
+        "deployment_config": {
+            "num_replicas": rep.num_replicas,
+            "max_ongoing_requests": rep.max_ongoing_requests,
+            "max_queued_requests": rep.max_queued_requests,
+            "ray_actor_options": {"num_cpus": rep.num_cpus},
+        },
+        "runtime_env": {"env_vars": engine_env(cfg)},
+        "log_engine_metrics": True,
+    }
+    if rep.accelerator == "cpu":
+        kwargs["accelerator_config"] = {"kind": "cpu"}
+    elif rep.accelerator_type is not None:
+        kwargs["accelerator_type"] = rep.accelerator_type
+    return LLMConfig(**kwargs)
+
+
+def replica_settings(cfg: ServeConfig) -> dict[str, Any]:
+    """What our ``LLMServer`` subclass needs beyond the LLMConfig (bound as ``ebplus=``)."""
+    return {
+        "replicas": cfg.replicas.model_dump(mode="json"),
+        "scheduler": cfg.scheduler.model_dump(mode="json"),
+        "max_num_seqs": cfg.engine.max_num_seqs,
+    }
+
+
+def start_controller_for(cfg: ServeConfig):
+    """Create (or find) the controller actor this deployment reports to."""
+    from controller.actor import start_controller
+    from controller.fleet import ControllerConfig
+
+    c = cfg.controller
+    return start_controller(
+        config=c.model_dump(mode="json", include=set(ControllerConfig.model_fields)),
+        state_dir=c.state_dir,
+        stale_replica_s=c.stale_replica_s,
+        persist_every_s=c.persist_every_s,
+        max_restarts=c.max_restarts,
+    )
+
+
+def build(cfg: ServeConfig, model_source: str | None = None):
+    """The Serve application for a validated config."""
+    from ray import serve
+    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
+    from ray.serve.llm import build_llm_deployment
+
+    from deploy.ingress import EBPlusIngress, ingress_class
+    from replicas.server import EBPlusServer
+
+    start_controller_for(cfg)
+    llm = llm_config(cfg, model_source or model_path(cfg))
+    replicas = build_llm_deployment(
+        llm, deployment_cls=EBPlusServer, bind_kwargs={"ebplus": replica_settings(cfg)}
+    )
+    auth = cfg.auth.model_dump(mode="json")
+    options = EBPlusIngress.get_deployment_options([llm])
+    options.update(
+        name="EBPlusIngress",
+        num_replicas=cfg.http.ingress_replicas,
+        ray_actor_options={"num_cpus": cfg.http.ingress_num_cpus},
+    )
+    options.pop("autoscaling_config", None)
+    ingress = serve.deployment(ingress_class(cfg.http.max_body_bytes, auth), **options)
+    return ingress.bind(
+        llm_deployments={cfg.model.id: replicas},
+        model_cards={cfg.model.id: to_model_metadata(cfg.model.id, llm)},
+        auth=auth,
+        model_id=cfg.model.id,
+    )
+
+
+def build_app(args: dict) -> Any:
+    """Ray Serve application builder (``import_path: deploy.app:build_app``)."""
+    return build(parse_config(args, "application args"))
