@@ -1,0 +1,1 @@
+"""Grafana dashboards of EB+ Serve, generated from code (``python -m dashboards.generate``)."""

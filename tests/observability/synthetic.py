@@ -1,0 +1,120 @@
+"""A live ``/metrics`` endpoint of the real exporter over a FleetController fed synthetic telemetry.
+
+:class:`SyntheticApp` runs ``controller.exporter.render(FleetController.snapshot(), model)``
+behind a loopback HTTP server, exactly what the app's ingress serves on ``/metrics``, and
+keeps feeding the controller telemetry batches (completions, steps of every kind, engine
+counters) from two replicas, so counters move and histograms fill while Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+from controller.cost_model import CostModel
+from controller.exporter import render
+from controller.fleet import FleetController
+from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from replicas.phases import Mode
+
+H200 = CostModel(
+    alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
+)
+MODEL = "synthetic-model"
+REPLICAS = ("replica-a", "replica-b")
+
+
+class SyntheticApp:
+    """Context manager: ``with SyntheticApp() as app: app.address  # "127.0.0.1:PORT"``."""
+
+    def __init__(self, model: str = MODEL, interval_s: float = 0.1, seed: int = 0) -> None:
+        self.model = model
+        self.interval_s = interval_s
+        self.rng = np.random.default_rng(seed)
+        self.fleet = FleetController()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.stats = {r: {"steps_prefill": 0, "steps_decode": 0, "steps_mixed": 0, "steps_idle": 0,
+                          "phase_switches": 0, "preemptions": 0, "kv_backoffs": 0} for r in REPLICAS}  # fmt: skip
+        for rid in REPLICAS:
+            self.fleet.register(rid, Mode.AUTO, 2_000_000, 1024, H200, device="NVIDIA H200")
+        for _ in range(4):  # past min_samples and a few re-estimations: every estimate exists from the start
+            self.feed()
+        self.fleet.set_override(REPLICAS[1], k=9, ttl_s=3600)
+        self.fleet.ingest(TelemetryBatch(REPLICAS[0], ({"input_len": -1},)))  # one rejected record
+
+        app = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                with app.lock:
+                    body = render(app.fleet.snapshot(), app.model)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.threads = [
+            threading.Thread(target=self.server.serve_forever, daemon=True),
+            threading.Thread(target=self._feed_forever, daemon=True),
+        ]
+
+    @property
+    def address(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
+
+    def feed(self) -> None:
+        """One telemetry batch per replica: 50 completions and steps of every kind."""
+        with self.lock:
+            for rid in REPLICAS:
+                outs = self.rng.geometric(1 / 200, 50)
+                comps = tuple(
+                    CompletionRecord(int(self.rng.integers(256, 768)), int(o), FinishReason.STOP) for o in outs
+                )
+                steps = (
+                    tuple(
+                        StepRecord(int(self.rng.integers(1024, 4096)), 0, 300, 900, float(self.rng.uniform(0.05, 0.1)))
+                        for _ in range(5)
+                    )
+                    + tuple(
+                        StepRecord(0, int(self.rng.integers(600, 1000)), 900, 300, float(self.rng.uniform(0.04, 0.06)))
+                        for _ in range(20)
+                    )
+                    + (StepRecord(64, 512, 576, 40, float(self.rng.uniform(0.02, 0.04))),)
+                )
+                s = self.stats[rid]
+                s["steps_prefill"] += 5
+                s["steps_decode"] += 20
+                s["steps_mixed"] += 1
+                s["phase_switches"] += 2
+                s["preemptions"] += int(self.rng.integers(0, 2))
+                s["kv_backoffs"] += int(self.rng.integers(0, 2))
+                batch = TelemetryBatch(
+                    rid, comps, steps, applied_version=self.fleet.version, extra={"engine_stats": dict(s)}
+                )
+                self.fleet.ingest(batch)
+
+    def _feed_forever(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            self.feed()
+
+    def __enter__(self) -> SyntheticApp:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
