@@ -1,0 +1,339 @@
+"""helm/ebplus with the real helm binary: lint, render, and validate every rendered object.
+
+* ``helm lint --strict`` and ``helm template`` pass for the default values and each
+  ``helm/ebplus/ci/*-values.yaml`` (mixed GPU fleet, existing secret, monitoring off);
+* every core object validates against the Kubernetes 1.30 OpenAPI schemas
+  (kubernetes-validate, offline, strict: unknown fields fail), the RayService against
+  KubeRay's CRD schema (``../shared/schemas/ray.io_rayservices.yaml``, made strict the
+  same way), ServiceMonitor/PodMonitor against the Prometheus Operator CRDs (validators
+  generated from them, npm ``@kubernetes-models/prometheus-operator``);
+* the rendered ``serveConfigV2`` parses as Ray Serve's ``ServeDeploySchema`` and its
+  app args as our ``ServeConfig`` (the one config schema);
+* tokens reach the pods only through ``secretKeyRef``;
+* bad values (``tests/helm/invalid/*.yaml``) are refused with the message their first line expects;
+* ``values.schema.json`` is the generated one.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from external_tools import REPO, binary, node_modules
+from ray.serve.schema import ServeDeploySchema
+
+from deploy.config import load_config, parse_config
+from deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
+
+CHART = REPO / "helm" / "ebplus"
+CRD = REPO.parent / "shared" / "schemas" / "ray.io_rayservices.yaml"
+KUBE_VERSION = "1.30.0"
+NAMESPACE = "llm"
+RELEASE = "eb"
+
+CASES = {
+    "default": None,
+    "mixed-fleet": CHART / "ci" / "mixed-fleet-values.yaml",
+    "existing-secret": CHART / "ci" / "existing-secret-values.yaml",
+    "monitoring-off": CHART / "ci" / "monitoring-off-values.yaml",
+}
+INVALID = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    return binary("helm", "HELM")
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60)
+
+
+def values_args(case: str) -> list[str]:
+    path = CASES[case]
+    return [] if path is None else ["-f", str(path)]
+
+
+@functools.cache
+def render(helm: str, case: str) -> list[dict]:
+    proc = run_helm(
+        helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+        *values_args(case),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """Helm's merge of a values file over the defaults: maps merge, null deletes, the rest replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def merged_values(case: str) -> ChartValues:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    if CASES[case] is not None:
+        values = _merge(values, yaml.safe_load(CASES[case].read_text()))
+    return ChartValues.model_validate(values)
+
+
+def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for doc in docs:
+        out.setdefault(doc["kind"], []).append(doc)
+    return out
+
+
+# -- schema of values ---------------------------------------------------------------
+
+
+def test_values_schema_is_generated() -> None:
+    assert SCHEMA_PATH.read_text() == render_schema(), "stale: run `python -m deploy.helm_values`"
+
+
+def test_default_config_is_the_gpu_example() -> None:
+    """The chart's default `config` is deploy/gpu.yaml, key for key (so the two cannot drift)."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["config"] == yaml.safe_load((REPO / "deploy" / "gpu.yaml").read_text())
+    ChartValues.model_validate(values)
+    load_config(REPO / "deploy" / "gpu.yaml")
+
+
+# -- lint and render ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lint(helm: str, case: str) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, *values_args(case))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def _strict(schema: object) -> object:
+    """A CRD schema that refuses unknown fields, as `kubectl apply --validate=strict` does."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def rayservice_validator() -> jsonschema.Draft7Validator:
+    crd = yaml.safe_load(CRD.read_text())
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return jsonschema.Draft7Validator(_strict(copy.deepcopy(v1["schema"]["openAPIV3Schema"])))
+
+
+def validate_monitors(objects: list[dict]) -> list[str | None]:
+    modules = node_modules()
+    proc = subprocess.run(
+        ["node", str(Path(__file__).parent / "validate_monitors.mjs"), str(modules)],
+        input=json.dumps(objects), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_object_validates(helm: str, case: str) -> None:
+    docs = render(helm, case)
+    monitors = []
+    for doc in docs:
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["apiVersion"] == "ray.io/v1":
+            errors = sorted(rayservice_validator().iter_errors(doc), key=lambda e: list(e.path))
+            assert not errors, where + ": " + "; ".join(f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors)
+        elif doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            monitors.append(doc)
+        else:
+            try:
+                kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                pytest.fail(f"{where}: {'.'.join(map(str, e.path))}: {e.message}")
+    if monitors:
+        results = validate_monitors(monitors)
+        bad = [f"{m['kind']}/{m['metadata']['name']}: {r}" for m, r in zip(monitors, results, strict=True) if r]
+        assert not bad, bad
+
+
+def test_validators_reject_bad_objects(helm: str) -> None:
+    """The validators used above do catch mistakes (so their passing means something)."""
+    kinds = by_kind(render(helm, "default"))
+    rs = copy.deepcopy(kinds["RayService"][0])
+    rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replica"] = 1  # typo of replicas
+    assert list(rayservice_validator().iter_errors(rs))
+    for path, value in ((("ports", 0, "port"), "eight thousand"), (("selectr",), {})):
+        svc = copy.deepcopy(kinds["Service"][0])
+        node = svc["spec"]
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(svc, KUBE_VERSION, strict=True)
+    sm = copy.deepcopy(kinds["ServiceMonitor"][0])
+    sm["spec"]["endpoints"][0]["interval"] = 15
+    assert validate_monitors([sm])[0]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_serve_config_is_ray_serve_schema_and_our_config(helm: str, case: str) -> None:
+    (rs,) = by_kind(render(helm, case))["RayService"]
+    serve = yaml.safe_load(rs["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(serve)
+    (app,) = serve["applications"]
+    assert app["import_path"] == "deploy.app:build_app" and app["route_prefix"] == "/"
+    config = parse_config(app["args"], f"{case}: serveConfigV2 args")
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    if CASES[case] is None:
+        assert app["args"] == values["config"]  # verbatim: the values' config block is the app's args
+    assert serve["http_options"]["port"] == config.http.port
+    params = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
+    assert params["metrics-export-port"] == str(config.ray.metrics_export_port)
+    assert params["num-gpus"] == "0"
+
+
+def _containers(rs: dict) -> list[dict]:
+    cluster = rs["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    return [c for g in groups for c in g["template"]["spec"]["containers"]]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_credentials_only_from_secret(helm: str, case: str) -> None:
+    kinds = by_kind(render(helm, case))
+    (rs,) = kinds["RayService"]
+    config = parse_config(yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"])
+    values = merged_values(case)
+    secret_name = values.auth.existingSecret or f"{RELEASE}-ebplus-auth"
+    expected = {config.auth.admin_token_env: values.auth.adminTokenKey}
+    if values.auth.apiKey.enabled:
+        expected[config.auth.api_key_env] = values.auth.apiKey.key
+    for container in _containers(rs):
+        env = {e["name"]: e for e in container["env"]}
+        for name, key in expected.items():
+            assert "value" not in env[name], f"{name} rendered in clear"
+            assert env[name]["valueFrom"]["secretKeyRef"] == {"name": secret_name, "key": key}
+        if not values.auth.apiKey.enabled:
+            assert config.auth.api_key_env not in env
+    secrets = kinds.get("Secret", [])
+    if values.auth.existingSecret:
+        assert secrets == [], "the chart must not create a Secret when given an existing one"
+    else:
+        (secret,) = secrets
+        assert secret["metadata"]["name"] == secret_name
+        assert set(secret["data"]) == set(expected.values())
+        assert all(len(v) >= 40 for v in secret["data"].values())
+
+
+def test_mixed_fleet_groups(helm: str) -> None:
+    (rs,) = by_kind(render(helm, "mixed-fleet"))["RayService"]
+    groups = {g["groupName"]: g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    assert set(groups) == {"h200", "l40s"}
+    for name, count, nodes, product in (("h200", 8, 1, "NVIDIA-H200"), ("l40s", 2, 2, "NVIDIA-L40S")):
+        g = groups[name]
+        assert g["replicas"] == g["minReplicas"] == g["maxReplicas"] == nodes
+        spec = g["template"]["spec"]
+        (container,) = spec["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == count
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.product": product}
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
+        assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert not any("gpu" in k for k in head["resources"].get("limits", {}))
+    args = yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"]
+    assert args["replicas"]["num_replicas"] == 12 and "accelerator_type" not in args["replicas"]
+
+
+def test_monitoring_and_dashboards(helm: str) -> None:
+    kinds = by_kind(render(helm, "default"))
+    (sm,) = kinds["ServiceMonitor"]
+    (pm,) = kinds["PodMonitor"]
+    services = {s["metadata"]["name"]: s for s in kinds["Service"]}
+    head_metrics = services[f"{RELEASE}-ebplus-head-metrics"]
+    # the ServiceMonitor selects that Service, which selects the head pod, whose container names the port
+    assert sm["spec"]["selector"]["matchLabels"].items() <= head_metrics["metadata"]["labels"].items()
+    (rs,) = kinds["RayService"]
+    head_pod = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    assert head_metrics["spec"]["selector"].items() <= head_pod["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == "serve" and sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    # the PodMonitor selects every Ray pod and scrapes the port named metrics
+    for container, pod in [(c, g["template"]) for g in [rs["spec"]["rayClusterConfig"]["headGroupSpec"],
+                                                         *rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]]
+                           for c in g["template"]["spec"]["containers"]]:  # fmt: skip
+        assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    (cm,) = kinds["ConfigMap"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = {p.name: json.loads(p.read_text()) for p in (REPO / "dashboards").glob("*.json")}
+    assert {k: json.loads(v) for k, v in cm["data"].items()} == shipped and len(shipped) == 2
+
+    off = by_kind(render(helm, "monitoring-off"))
+    assert not {"ServiceMonitor", "PodMonitor", "ConfigMap"} & set(off)
+    assert all("head-metrics" not in s["metadata"]["name"] for s in off.get("Service", []))
+    (rs_off,) = off["RayService"]
+    for container in _containers(rs_off):
+        assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+
+
+@pytest.mark.parametrize("case", ["default", "existing-secret"])
+def test_notes_show_urls_and_curl(helm: str, case: str, tmp_path: Path) -> None:
+    """NOTES.txt, rendered by helm itself (a chart copy wraps it in a ConfigMap: no cluster needed)."""
+    chart = tmp_path / "ebplus"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "_notes.tpl").write_text('{{- define "test.notes" }}' + notes + "{{- end }}")
+    (chart / "templates" / "notes.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n{{- include "test.notes" . | nindent 4 }}\n'
+    )
+    proc = run_helm(
+        helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE, "--show-only", "templates/notes.yaml",
+        *values_args(case),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = yaml.safe_load(proc.stdout)["data"]["notes"]
+    assert f"kubectl -n {NAMESPACE} port-forward svc/{RELEASE}-ebplus-serve 8000:8000" in text
+    assert f"http://{RELEASE}-ebplus-serve.{NAMESPACE}.svc:8000/v1" in text
+    assert "curl -s http://127.0.0.1:8000/v1/chat/completions" in text
+    assert 'curl -s -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8000/admin/thresholds' in text
+    secret = "ebplus-credentials" if case == "existing-secret" else f"{RELEASE}-ebplus-auth"
+    assert f"get secret {secret}" in text
+    if case == "existing-secret":
+        assert text.index("API_KEY=$(") < text.index("Authorization: Bearer $API_KEY")
+
+
+# -- rejected values ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
+def test_invalid_values_are_rejected_readably(helm: str, path: Path) -> None:
+    expect = path.read_text().splitlines()[0].removeprefix("# expect:").strip()
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "-f", str(path))
+    assert proc.returncode != 0, f"helm template accepted {path.name}"
+    assert expect in proc.stderr, proc.stderr
+    # helm lint reports the same line (schema errors fail it; it downgrades a template's fail() to INFO)
+    proc = run_helm(helm, "lint", "--strict", str(CHART), "-f", str(path))
+    assert expect in proc.stdout + proc.stderr, proc.stdout + proc.stderr
