@@ -23,10 +23,19 @@ Policies:
 * ``V0``: EB with ``k = 1`` (prefill-first).
 * ``AUTO`` (EB+): ``EB`` or ``MB`` as the controller chose (``ThresholdUpdate.active``).
 
-KV shortage: a prefill step that could not admit anything (the engine had no
-blocks) ends the prefill phase, and the machine does not re-enter it until a
-running request has finished; without this back-off a prefill phase under KV
-pressure alternates with empty steps.
+KV shortage (EB only; MB steps always carry the decodes, so a failed admission
+costs nothing there):
+
+* predictive: an engine that can tell whether the next waiting request's KV
+  blocks fit now sets ``EngineView.head_fits``; while it is ``False`` (and
+  something is running, whose completion will free blocks) no prefill phase is
+  entered, so no step is spent on an admission that must fail;
+* reactive: a prefill step that could not admit anything nor compute a prompt
+  chunk (the engine had no blocks) ends the prefill phase, and the machine does
+  not re-enter it until a running request has finished. This covers engines that
+  leave ``head_fits`` at its default and estimates that were too optimistic.
+
+Without either, a prefill phase under KV pressure alternates with empty steps.
 """
 
 from __future__ import annotations
@@ -118,11 +127,14 @@ class EngineView:
         running: requests holding a slot (decoding, or with prompt chunks left).
         prefilling: of ``running``, those whose prompt is not fully computed yet.
         waiting: queued requests not holding a slot (preempted ones included).
+        head_fits: whether the KV cache can take the next waiting request now;
+            ``True`` when unknown (the reactive back-off still applies).
     """
 
     running: int
     prefilling: int
     waiting: int
+    head_fits: bool = True
 
     @property
     def decoding(self) -> int:
@@ -184,7 +196,8 @@ class PhaseMachine:
         if th.active is Mode.MB:
             plan = self._mixed(view, 0 if blocked else room)
         else:
-            plan = self._exclusive(view, room, blocked, th.effective_k)
+            kv_short = not view.head_fits and view.running > 0  # a completion will free blocks
+            plan = self._exclusive(view, room, blocked or kv_short, th.effective_k)
         self.stats.steps[plan.phase] += 1
         self._last = plan
         return plan

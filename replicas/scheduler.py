@@ -1,0 +1,268 @@
+"""The EB+ scheduler: vLLM's own scheduler, steered by :mod:`replicas.phases`.
+
+Use it in plain vLLM with ``scheduler_cls="replicas.scheduler.EBPlusScheduler"``
+(CLI ``--scheduler-cls``), configured by ``EBPLUS_MODE``/``EBPLUS_K``/``EBPLUS_N``
+(:mod:`replicas.settings`); our replicas change the thresholds at run time through
+the engine-core utility :data:`replicas.control.UTILITY`.
+
+How a step is made (vLLM 0.29.0; the scheduler is not a public API, hence the pin):
+
+1. Before the step the phase machine decides from ``(running, prefilling,
+   waiting)`` what the step may contain (:class:`~replicas.phases.StepPlan`).
+2. The stock ``schedule()`` runs exactly once, restricted for that one call:
+   ``self.running`` is replaced by the requests the plan allows (decoding ones,
+   ones with prompt chunks left, or all) and ``max_num_running_reqs`` is lowered
+   to ``visible + max_admit`` (admissions stop at the stock cap check). Budgets,
+   chunking, KV allocation and preemption are vLLM's own code paths. Hidden
+   requests keep their state and KV blocks; a prefill step cannot preempt a
+   hidden decode. Afterwards the full running list is restored in admission
+   order (minus preempted requests, plus admitted ones) and the cap restored.
+   In MB mode nothing is hidden and the cap is ``N``: with ``N = max_num_seqs``
+   this *is* the stock scheduler.
+3. The output's tokens are classified as prefill or decode, fed back to the
+   phase machine (KV back-off) and recorded (:mod:`replicas.recorder`).
+
+``N`` can only be lowered below the start-up ``max_num_seqs`` (vLLM sizes its
+buffers from it). When ``N`` drops below the running count, nothing is preempted:
+admissions stop until the running requests drain below ``N``.
+
+Sync and async scheduling: vLLM instantiates ``scheduler_cls`` as given, so a
+``Scheduler`` subclass would silently lose async scheduling on GPUs (vLLM's
+warning about "subclassed Scheduler instead of AsyncScheduler").
+``EBPlusScheduler(...)`` therefore returns an :class:`EBPlusAsyncScheduler`
+(same code on top of ``AsyncScheduler``) when the engine schedules asynchronously.
+On CPU vLLM forces synchronous scheduling.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.platforms import current_platform
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import FinishReason as VllmFinishReason
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.request import Request
+
+from controller.telemetry import FinishReason
+from replicas.control import UTILITY
+from replicas.phases import EngineView, Mode, PhaseMachine, StepPlan, ThresholdUpdate
+from replicas.recorder import TelemetryRecorder
+from replicas.settings import from_env
+
+# NOTE: a repetition stop cuts the output short of its natural end: report it as
+# an abort, which the controller treats as right-censored (like a length cap).
+_FINISH = {
+    VllmFinishReason.STOP: FinishReason.STOP.value,
+    VllmFinishReason.LENGTH: FinishReason.LENGTH.value,
+    VllmFinishReason.ABORT: FinishReason.ABORT.value,
+    VllmFinishReason.ERROR: FinishReason.ERROR.value,
+    VllmFinishReason.REPETITION: FinishReason.ABORT.value,
+}
+_UPDATE_KEYS = frozenset(("mode", "active", "k", "n", "version"))
+
+
+class EBPlusScheduler(Scheduler):
+    """vLLM ``Scheduler`` running MB, EB(k, N), V0 or EB+ (``auto``) steps.
+
+    Constructed by vLLM's engine core with vLLM's keyword arguments; the initial
+    thresholds come from :func:`replicas.settings.from_env`.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> EBPlusScheduler:
+        if cls is EBPlusScheduler:
+            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+            if vllm_config is not None and vllm_config.scheduler_config.async_scheduling:
+                cls = EBPlusAsyncScheduler
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_num_seqs = self.max_num_running_reqs  # start-up cap: N may only lower it
+        settings = from_env(self.max_num_seqs)
+        self.machine = PhaseMachine(settings.thresholds)
+        self.recorder = TelemetryRecorder(settings.telemetry_buffer)
+        self.kv_capacity_tokens = int(self.cache_config.num_gpu_blocks or 0) * int(self.block_size)
+        self.device = _device_name()
+
+    # -- one step ---------------------------------------------------------
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        t0 = time.perf_counter()
+        running = self.running
+        prefilling = sum(1 for r in running if r.is_prefill_chunk)
+        waiting = len(self.waiting) + len(self.skipped_waiting)
+        view = EngineView(
+            running=len(running),
+            prefilling=prefilling,
+            waiting=waiting,
+            head_fits=self._head_fits() if waiting and running else True,
+        )
+        plan = self.machine.decide(view)
+        visible = _visible(running, plan, prefilling)
+        cap = self.max_num_running_reqs
+        self.running = visible
+        self.max_num_running_reqs = len(visible) + plan.max_admit if plan.prefill else len(visible)
+        t1 = time.perf_counter()
+        try:
+            out = super().schedule(throttle_prefills)
+        finally:
+            t2 = time.perf_counter()
+            if visible is not running:
+                self.running = _merge(running, visible, self.running)
+            self.max_num_running_reqs = cap
+        prefill_tokens, decode_tokens = self._count_tokens(out)
+        admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
+        self.machine.observe(admitted, prefill_tokens, len(self.running))
+        rec = self.recorder
+        rec.scheduled(
+            out, prefill_tokens, decode_tokens, view.running, view.waiting, len(out.preempted_req_ids or ()), t2
+        )
+        t3 = time.perf_counter()
+        rec.counters["schedule_seconds"] += t3 - t0
+        rec.counters["overhead_seconds"] += (t1 - t0) + (t3 - t2)
+        return out
+
+    def _head_fits(self) -> bool:
+        """Whether the next waiting request's whole sequence fits in the free KV blocks now.
+
+        The same test vLLM's admission makes (``scheduler_reserve_full_isl``), without
+        prefix-cache hits, so it errs towards "does not fit"; the phase machine
+        only acts on it while something is running. Only computed in EB mode.
+        """
+        if self.machine.thresholds.active is not Mode.EB or not self.waiting:
+            return True
+        head = self.waiting.peek_request()
+        need = self._request_remaining_blocks(head) + self.kv_cache_manager.watermark_blocks
+        return need <= self.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def _count_tokens(self, out: SchedulerOutput) -> tuple[int, int]:
+        """(prefill, decode) tokens of a step; a resumed request's recompute counts as prefill."""
+        prefill = decode = 0
+        spec = out.scheduled_spec_decode_tokens
+        requests = self.requests
+        for req_id, n in out.num_scheduled_tokens.items():
+            req = requests[req_id]
+            # _update_after_schedule already advanced num_computed_tokens by n
+            if req.num_computed_tokens - n >= req.num_prompt_tokens and n <= 1 + len(spec.get(req_id, ())):
+                decode += n
+            else:
+                prefill += n
+        return prefill, decode
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+        t0 = time.perf_counter()
+        self.recorder.updated(scheduler_output)
+        self.recorder.counters["overhead_seconds"] += time.perf_counter() - t0
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
+        # Every finished, aborted or failed request passes here exactly once.
+        # NOTE: stop strings are matched in the front-end and arrive as aborts.
+        finish = _FINISH.get(request.get_finished_reason(), FinishReason.ABORT.value)
+        self.recorder.finished(request.num_prompt_tokens, request.num_output_tokens, finish)
+        return super()._free_request(request, delay_free_blocks)
+
+    # -- the control channel (replicas.control) ---------------------------
+
+    def ebplus_apply(self, update: dict) -> dict:
+        """Install thresholds for the next step; returns what is applied.
+
+        ``update`` holds any of ``mode, active, k, n, version`` (missing keys keep
+        their values). ``n`` is clamped to the start-up ``max_num_seqs`` and ``k``
+        to ``n``. Raises ``ValueError`` on unknown keys or invalid values (the
+        caller gets the message; the engine keeps running on the old values).
+        """
+        unknown = set(update) - _UPDATE_KEYS
+        if unknown:
+            raise ValueError(f"unknown threshold keys {sorted(unknown)}; expected {sorted(_UPDATE_KEYS)}")
+        merged = {**self.machine.thresholds.as_dict(), **update}
+        n, k = merged["n"], merged["k"]
+        if _is_int(n) and n >= 1:
+            merged["n"] = n = min(n, self.max_num_seqs)
+            if _is_int(k):
+                merged["k"] = min(k, n)
+        self.machine.apply(ThresholdUpdate(**merged))
+        return self.ebplus_applied()
+
+    def ebplus_applied(self) -> dict:
+        """The thresholds the next step runs under: ``{mode, active, k, n, version}``."""
+        return self.machine.thresholds.as_dict()
+
+    def ebplus_drain(self) -> dict:
+        """Telemetry since the last drain, cumulative counters and the engine's facts."""
+        out = self.recorder.drain()
+        ps = self.machine.stats
+        out["stats"].update(phase_switches=ps.phase_switches, kv_backoffs=ps.kv_backoffs)
+        out.update(kv_capacity_tokens=self.kv_capacity_tokens, max_num_seqs=self.max_num_seqs, device=self.device)
+        return out
+
+
+class EBPlusAsyncScheduler(EBPlusScheduler, AsyncScheduler):
+    """The same scheduler on top of vLLM's ``AsyncScheduler`` (output placeholders).
+
+    MRO: ``EBPlusAsyncScheduler -> EBPlusScheduler -> AsyncScheduler -> Scheduler``,
+    so our hooks wrap the async ones. Selected automatically by ``EBPlusScheduler``.
+    """
+
+
+def _visible(running: list[Request], plan: StepPlan, prefilling: int) -> list[Request]:
+    """The running requests the stock ``schedule()`` may see this step (``running`` itself if all)."""
+    if plan.decode and plan.prefill:
+        return running
+    if plan.prefill:
+        return running if prefilling == len(running) else [r for r in running if r.is_prefill_chunk]
+    if plan.decode:
+        return running if prefilling == 0 else [r for r in running if not r.is_prefill_chunk]
+    return running if not running else []
+
+
+def _merge(before: list[Request], visible: list[Request], after: list[Request]) -> list[Request]:
+    """Full running list after a restricted call, in admission order.
+
+    Hidden requests stay; visible ones stay unless the call preempted them;
+    requests the call admitted are appended (they are the newest).
+    """
+    visible_set, after_set, before_set = set(visible), set(after), set(before)
+    merged = [r for r in before if r not in visible_set or r in after_set]
+    merged.extend(r for r in after if r not in before_set)
+    return merged
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _device_name() -> str:
+    """The accelerator's name (``cpu`` on CPU); NVML on CUDA, so no CUDA context here."""
+    try:
+        return str(current_platform.get_device_name(0))
+    except Exception:  # platforms without a name lookup
+        return str(getattr(current_platform, "device_name", "unknown"))
+
+
+def _ebplus_call(self: EngineCore, method: str, args: list | tuple = ()) -> Any:
+    """Engine-core utility: call ``scheduler.<method>(*args)``; only ``ebplus_*`` methods.
+
+    Clients: ``AsyncLLM.engine_core.call_utility_async("ebplus_call", "ebplus_drain", [])``
+    (see :class:`replicas.control.EngineControl`), ``LLM`` with a separate engine
+    process: ``llm.llm_engine.engine_core.call_utility(...)``; in-process engines
+    have no utility channel: call ``engine_core.engine_core.ebplus_call(...)``.
+    """
+    if not method.startswith("ebplus_"):
+        raise ValueError(f"{UTILITY} only forwards ebplus_* methods, got {method!r}")
+    scheduler = self.scheduler
+    if not isinstance(scheduler, EBPlusScheduler):
+        raise TypeError(f"the engine's scheduler is {type(scheduler).__name__}, not EBPlusScheduler")
+    return getattr(scheduler, method)(*args)
+
+
+# NOTE: vLLM answers utility calls with getattr(engine_core, name) and has no way
+# to reach the scheduler, so we add one method. This module is imported inside the
+# engine-core process when scheduler_cls is resolved, before any call can arrive.
+# The signature must be (method, args): vLLM checks len(args) against the declared
+# parameters, and *args would count as one.
+setattr(EngineCore, UTILITY, _ebplus_call)
