@@ -164,6 +164,10 @@ class Prometheus:
             return [{"metric": {}, "value": data["result"]}]
         return data["result"]
 
+    def metadata(self) -> dict[str, list[dict]]:
+        """What the targets said about each metric family: ``{name: [{"type": "counter", "help": ...}]}``."""
+        return self._get("/api/v1/metadata")
+
     def active_targets(self) -> list[dict]:
         return self._get("/api/v1/targets")["activeTargets"]
 

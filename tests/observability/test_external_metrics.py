@@ -1,0 +1,164 @@
+"""The vLLM / Ray Serve names of ``dashboards.external`` are the ones the installed packages export.
+
+* Static: each ``ray_vllm_*`` entry is a ``vllm:<x>`` metric declared in the installed
+  ``vllm/v1/metrics/loggers.py`` (PrometheusStatLogger, which RayPrometheusStatLogger
+  subclasses) with the same kind and extra labels; each ``ray_serve_*`` entry is declared in
+  Ray Serve's ``request_ingress_metrics.py``; ``ray.serve.llm`` turns engine metrics on by
+  default and uses RayPrometheusStatLogger.
+* Live: a real Ray metrics agent exports them under exactly those names (vLLM's Ray
+  wrappers and Ray Serve's RequestIngressMetrics record them), and with the app's
+  exporter beside it, a real Prometheus answers *every* panel and variable query of both
+  dashboards with data.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from observability.panels import expand, panel_queries, variable_queries
+from observability.prom import Target, has_finite
+from observability.synthetic import SyntheticApp
+
+from dashboards.external import EXTERNAL_METRICS, VLLM_LABELS
+
+
+def _source(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, module
+    return Path(spec.origin)
+
+
+def _vllm_declarations() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """``vllm:<x>`` -> (kind, extra label names) as declared in vLLM's Prometheus logger."""
+    tree = ast.parse(_source("vllm.v1.metrics.loggers").read_text())
+    out = {}
+    kinds = {"_gauge_cls": "gauge", "_counter_cls": "counter", "_histogram_cls": "histogram"}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in kinds):
+            continue
+        kw = {k.arg: k.value for k in node.keywords}
+        name = kw.get("name")
+        if not (isinstance(name, ast.Constant) and str(name.value).startswith("vllm:")):
+            continue
+        extra: tuple[str, ...] = ()
+        labels = kw.get("labelnames")
+        if isinstance(labels, ast.BinOp) and isinstance(labels.right, ast.List):
+            extra = tuple(e.value for e in labels.right.elts if isinstance(e, ast.Constant))
+        out[name.value] = (kinds[node.func.attr], extra)
+    return out
+
+
+def test_vllm_names_kinds_and_labels() -> None:
+    declared = _vllm_declarations()
+    assert len(declared) > 20, "the parser found too few vLLM metrics: has loggers.py changed shape?"
+    for m in EXTERNAL_METRICS:
+        if not m.source.startswith("vllm:"):
+            continue
+        assert m.source in declared, f"{m.source} is not declared by the installed vLLM"
+        kind, extra = declared[m.source]
+        assert kind == m.kind, f"{m.source}: vLLM declares a {kind}"
+        assert m.labels == (*VLLM_LABELS, *extra), m.name
+        # Ray's rule: non [a-zA-Z0-9_] -> "_", prefix "ray_", counters "_total" (checked live below)
+        expected = "ray_" + re.sub(r"[^a-zA-Z0-9_]", "_", m.source) + ("_total" if kind == "counter" else "")
+        assert m.name == expected
+
+
+def test_vllm_ray_wrapper_and_serve_llm_wiring() -> None:
+    wrappers = _source("vllm.v1.metrics.ray_wrappers").read_text()
+    assert "class RayPrometheusStatLogger(PrometheusStatLogger)" in wrappers
+    assert 'labels.append("ReplicaId")' in wrappers
+    engine = _source("ray.llm._internal.serve.engines.vllm.vllm_engine").read_text()
+    assert "custom_stat_loggers = [RayPrometheusStatLogger]" in engine
+    from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
+
+    assert LLMConfig.model_fields["log_engine_metrics"].default is True
+
+
+def test_ray_serve_names() -> None:
+    tree = ast.parse(_source("ray.serve._private.request_ingress_metrics").read_text())
+    declared = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+            "Counter", "Histogram", "Gauge"
+        ):  # fmt: skip
+            arg = node.args[0] if node.args else {k.arg: k.value for k in node.keywords}.get("name")
+            if isinstance(arg, ast.JoinedStr):
+                text = "".join(v.value if isinstance(v, ast.Constant) else "{protocol}" for v in arg.values)
+                declared[text] = node.func.attr.lower()
+    for m in EXTERNAL_METRICS:
+        if m.source.startswith("serve_"):
+            assert declared.get(m.source) == m.kind, f"{m.source} ({m.kind}) not in Ray Serve: {declared}"
+            assert m.name == "ray_" + m.source.replace("{protocol}", "http") + ("_total" if m.kind == "counter" else "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_agent():
+    """A Ray metrics agent exporting vLLM's and Ray Serve's metrics (subprocess: isolated from other Ray users)."""
+    port = _free_port()
+    specs = [
+        (m.source, m.kind, list(m.labels[len(VLLM_LABELS) :])) for m in EXTERNAL_METRICS if m.source.startswith("vllm:")
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("ray_metrics_source.py")), str(port), json.dumps(specs)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("READY"):
+            break
+    else:
+        proc.wait(timeout=30)
+        pytest.fail("Ray did not start:\n" + "".join(lines[-40:]))
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_every_panel_returns_data_from_ray_agent(prometheus, ray_agent) -> None:
+    with SyntheticApp() as app:
+        prom = prometheus([Target(app.address, job="ebplus"), Target(ray_agent, job="ray")])
+        names = [m.name + ("_count" if m.kind == "histogram" else "") for m in EXTERNAL_METRICS]
+        # every external name is exported by the agent under exactly that name and type
+        prom.wait_for(
+            'count by (__name__) ({__name__=~"' + "|".join(names) + '"})',
+            timeout=120,
+            predicate=lambda r: len(r) == len(names),
+        )
+        prom.wait_for_scrapes(6, timeout=60)
+        metadata = prom.metadata()
+        for m in EXTERNAL_METRICS:  # and with the declared type (a counter's family may be stored without _total)
+            entries = metadata.get(m.name) or metadata.get(m.name.removesuffix("_total"), [])
+            assert [e["type"] for e in entries][:1] == [m.kind], (m.name, entries)
+        failures = []
+        for query in [*panel_queries(), *variable_queries()]:
+            if query.ref == "var":  # label_values(selector, label): the selector must have series
+                expr = expand(query.expr.removeprefix("label_values(").rsplit(",", 1)[0])
+                ok = bool(prom.query(expr))
+            else:
+                expr = expand(query.expr, rate_interval="5s")
+                ok = has_finite(prom.query(expr))
+            if not ok:
+                failures.append(f"{query.id}: {expr}")
+        assert not failures, "queries with no data:\n" + "\n".join(failures)
