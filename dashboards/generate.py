@@ -468,7 +468,7 @@ def serving() -> Dashboard:
                     Panel(
                         "Time per output token (TPOT) and inter-token latency (ITL)",
                         "TPOT: a request's decode time divided by its output tokens; ITL: the gap between consecutive "
-                        "tokens. p50 and p99. EB trades a longer TTFT for steadier ITL inside decode phases.",
+                        "tokens. p50 and p99.",
                         [
                             Target(quantile(0.5, "ray_vllm_request_time_per_output_token_seconds"), "TPOT p50"),
                             Target(quantile(0.99, "ray_vllm_request_time_per_output_token_seconds"), "TPOT p99"),
