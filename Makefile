@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml deploy/install.sh
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install
+test: install tools
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
