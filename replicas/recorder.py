@@ -10,9 +10,11 @@ last call with :meth:`~TelemetryRecorder.drain` (an engine-core utility call).
 Rows are lists, not tuples or dataclasses: they cross vLLM's msgpack IPC.
 
 * step rows: ``[prefill_tokens, decode_tokens, running, waiting, seconds, kind]``,
-  ``running``/``waiting`` as seen when the step was planned, ``kind`` one of
+  ``running``/``waiting`` right after the step was scheduled (requests holding a
+  slot during the step, and the queue left behind), ``kind`` one of
   ``prefill``/``decode``/``mixed`` from the tokens actually scheduled. Steps that
-  schedule nothing produce no row (they are counted as ``steps_idle``).
+  schedule nothing produce no row (they are counted as ``steps_idle``, and as
+  ``steps_empty_busy`` when requests were running or waiting).
 * completion rows: ``[prompt_len, output_len, finish]`` with ``finish`` a
   :class:`controller.telemetry.FinishReason` value.
 

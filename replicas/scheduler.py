@@ -116,11 +116,12 @@ class EBPlusScheduler(Scheduler):
             self.max_num_running_reqs = cap
         prefill_tokens, decode_tokens = self._count_tokens(out)
         admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
-        self.machine.observe(admitted, prefill_tokens, len(self.running))
+        running_after = len(self.running)
+        self.machine.observe(admitted, prefill_tokens, running_after)
         rec = self.recorder
-        rec.scheduled(
-            out, prefill_tokens, decode_tokens, view.running, view.waiting, len(out.preempted_req_ids or ()), t2
-        )
+        waiting_after = len(self.waiting) + len(self.skipped_waiting)
+        preempted = len(out.preempted_req_ids or ())
+        rec.scheduled(out, prefill_tokens, decode_tokens, running_after, waiting_after, preempted, t2)
         t3 = time.perf_counter()
         rec.counters["schedule_seconds"] += t3 - t0
         rec.counters["overhead_seconds"] += (t1 - t0) + (t3 - t2)

@@ -1,0 +1,107 @@
+"""Helpers of the engine tier: start in-process vLLM engines, build workloads, run them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEDULER_CLS = "replicas.scheduler.EBPlusScheduler"
+
+#: The tiny engines' shape: a 64-token budget forces chunked prefills of the longer prompts.
+TINY_ENGINE = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "max_model_len": 2048,
+    "max_num_batched_tokens": 64,
+    "max_num_seqs": 16,
+    "enable_prefix_caching": False,
+    "seed": 0,
+}
+#: Under KV pressure: 10 blocks x 128 tokens for up to 16 requests of up to 420 tokens.
+TINY_KV_PRESSURE = {**TINY_ENGINE, "max_model_len": 512, "num_gpu_blocks_override": 10}
+
+
+@contextlib.contextmanager
+def engine_env(**env: str) -> Iterator[None]:
+    """Environment for one engine start, restored afterwards.
+
+    vLLM caches its environment variables once an engine core is up
+    (``enable_envs_cache``); the cache is dropped first so this engine reads ``env``.
+    """
+    import vllm.envs
+
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", **env}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    vllm.envs.disable_envs_cache()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def make_llm(model: Path, engine: dict, scheduler: bool, **env: str) -> Any:
+    from vllm import LLM
+
+    kwargs = dict(engine)
+    if scheduler:
+        kwargs["scheduler_cls"] = SCHEDULER_CLS
+    with engine_env(**env):
+        return LLM(model=str(model), **kwargs)
+
+
+def core_of(llm: Any) -> Any:
+    """The in-process ``EngineCore`` of an ``LLM`` (its scheduler is ``.scheduler``)."""
+    return llm.llm_engine.engine_core.engine_core
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Token-id prompts with greedy sampling: lengths varied, some longer than the token budget."""
+
+    prompts: list
+    params: list
+
+    @property
+    def prompt_lens(self) -> list[int]:
+        return [len(p["prompt_token_ids"]) for p in self.prompts]
+
+
+def make_workload(n: int = 64, seed: int = 1234) -> Workload:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    rng = random.Random(seed)
+    prompts, params = [], []
+    for i in range(n):
+        plen = rng.choice([5, 17, 40, 63, 64, 65, 100, 150, 257, 300])
+        prompts.append(TokensPrompt(prompt_token_ids=[rng.randrange(3, 2000) for _ in range(plen)]))
+        extra: dict[str, Any] = {"ignore_eos": i % 4 != 0}
+        if i % 8 == 0:  # natural stops: about 2.5% of the vocabulary ends these requests
+            extra["stop_token_ids"] = list(range(7, 2000, 40))
+        params.append(SamplingParams(temperature=0.0, max_tokens=rng.randint(4, 120), **extra))
+    return Workload(prompts, params)
+
+
+def generate(llm: Any, wl: Workload) -> tuple[list[list[int]], list[str]]:
+    outs = llm.generate(wl.prompts, wl.params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs], [o.outputs[0].finish_reason for o in outs]
+
+
+def warm_up(llm: Any) -> None:
+    """One small batch so the first (slow, unreported) steps are behind us, then clear telemetry."""
+    generate(llm, make_workload(4, seed=7))
+    if llm.llm_engine.vllm_config.scheduler_config.scheduler_cls:
+        core_of(llm).ebplus_call("ebplus_drain")
