@@ -1,0 +1,86 @@
+"""An in-process vLLM engine built from a deployment config, for ``ebplus profile`` and the engine benchmark.
+
+The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a
+driver can run it one step at a time (``llm.llm_engine.step()``) and reach the
+EB+ scheduler directly (:func:`scheduler_of`). The engine arguments are the
+deployment's own (``deploy.config.EngineSection``), so a profile is measured on
+the engine that serves.
+
+vLLM reads its environment when the engine starts (and caches it afterwards):
+:func:`start_llm` sets the variables, drops vLLM's cache, starts the engine and
+restores the previous values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from deploy.config import ServeConfig
+
+SCHEDULER_CLS = "replicas.scheduler.EBPlusScheduler"
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    import vllm.envs
+
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    vllm.envs.disable_envs_cache()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def start_llm(
+    cfg: ServeConfig,
+    model_path: str,
+    *,
+    scheduler: bool = True,
+    mode: str = "mb",
+    extra_engine_args: dict[str, Any] | None = None,
+) -> Any:
+    """A ``vllm.LLM`` with the config's engine arguments, in this process.
+
+    Args:
+        scheduler: run the EB+ scheduler (else vLLM's stock scheduler).
+        mode: the scheduler's start-up ``EBPLUS_MODE``; thresholds change later
+            through :func:`scheduler_of` (``ebplus_apply``).
+        extra_engine_args: overrides of the config's engine arguments.
+    """
+    from vllm import LLM
+
+    kwargs = {**cfg.engine.engine_kwargs(), **(extra_engine_args or {})}
+    if scheduler:
+        kwargs["scheduler_cls"] = SCHEDULER_CLS
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "EBPLUS_MODE": mode}
+    if cfg.engine.cpu_kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.engine.cpu_kv_cache_gib:g}"
+    with _environment(env):
+        return LLM(model=model_path, **kwargs)
+
+
+def scheduler_of(llm: Any) -> Any:
+    """The EB+ scheduler of an in-process engine (``ebplus_apply``/``ebplus_drain``...)."""
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def random_prompt(rng: random.Random, length: int, vocab_size: int) -> dict:
+    """A token-id prompt of exactly ``length`` tokens (ids away from the special tokens at both ends)."""
+    from vllm.inputs import TokensPrompt
+
+    lo, hi = min(100, vocab_size // 4), max(vocab_size - 100, vocab_size * 3 // 4)
+    return TokensPrompt(prompt_token_ids=[rng.randrange(lo, hi) for _ in range(length)])
+
+
+def vocab_size(llm: Any) -> int:
+    return int(llm.llm_engine.model_config.get_vocab_size())

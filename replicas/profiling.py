@@ -1,0 +1,262 @@
+"""``ebplus profile``: measure an engine's step costs and fit a hardware profile.
+
+The engine (in-process, EB+ scheduler in MB mode, i.e. vLLM's stock batching)
+is driven one step at a time with requests whose arrival is timed so that each
+step has a chosen composition; the scheduler's own telemetry gives every step's
+prefill tokens, decode tokens and seconds. Three kinds of steps, interleaved in
+rounds so that slow periods of a shared machine spread over all of them:
+
+* prefill-only: one request of ``L`` tokens (or ``c`` packed ones) with
+  ``max_tokens=1`` arrives on an idle engine; its single output token comes out
+  of the prefill step, so the step is pure prefill;
+* decode-only: ``max_num_seqs`` short requests with staggered ``max_tokens``
+  decode together until the last one ends: batch sizes sweep from full to one
+  while their contexts grow;
+* mixed: ``m`` requests decode while a prompt of ``L`` tokens (``max_tokens=1``)
+  arrives before every step, so each step carries ``m`` decodes and ``L``
+  prefill tokens: decode shares ``r = m/(m+L)`` from ~0 to ~0.9.
+
+The rows go through the controller's :class:`~controller.estimator.CostModelFitter`
+(robust Huber fits per kind, ``beta_mb(r) = a + b r + c r^2``). Its prior is an
+unregularised robust fit of the same rows, so the fitter's regularisation pulls
+towards the data, not towards another machine's profile.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import platform
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from controller.cost_model import CostModel, HardwareProfile, step_kind
+from controller.estimator import CostFit, CostModelFitter, robust_linear_fit
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """What the profiler runs; the defaults take a few minutes for SmolLM2 on 2 CPU cores."""
+
+    rounds: int = 3
+    prefill_lengths: Sequence[int] = (16, 32, 64, 128, 256, 512, 1024, 2000)
+    #: (requests, prompt length) arriving together: one packed prefill step
+    prefill_packs: Sequence[tuple[int, int]] = ((4, 256), (8, 128), (16, 32), (32, 48))
+    decode_prompts: Sequence[int] = (32, 160)  # one decode sweep per prompt length per round
+    decode_steps: int = 64  # max_tokens of the longest request in a decode sweep
+    mixed_decodes: Sequence[int] = (4, 16, 48)
+    mixed_prompts: Sequence[int] = (8, 32, 128, 512)
+    mixed_repeats: int = 2
+    seed: int = 0
+
+
+QUICK_PLAN = ProfilePlan(
+    rounds=2,
+    prefill_lengths=(16, 32, 64, 128, 256, 500),
+    prefill_packs=((4, 32), (8, 64)),
+    decode_prompts=(16,),
+    decode_steps=24,
+    mixed_decodes=(2, 8),
+    mixed_prompts=(8, 32, 128),
+    mixed_repeats=2,
+)
+
+
+@dataclass
+class Measurement:
+    """Step rows of a profiling run (``[prefill, decode, running, waiting, seconds, kind]``) and the engine's facts."""
+
+    steps: list[list] = field(default_factory=list)
+    kv_capacity_tokens: int = 0
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    device: str = ""
+    seconds: float = 0.0
+
+
+class _Driver:
+    """Adds requests and runs single engine steps on an in-process ``LLM``."""
+
+    def __init__(self, llm: Any, seed: int) -> None:
+        from replicas.local_engine import scheduler_of, vocab_size
+
+        self.engine = llm.llm_engine
+        self.scheduler = scheduler_of(llm)
+        self.vocab = vocab_size(llm)
+        self.max_len = int(self.engine.model_config.max_model_len)
+        self.rng = random.Random(seed)
+        self.ids = itertools.count()
+
+    def add(self, prompt_len: int, max_tokens: int) -> str:
+        from vllm import SamplingParams
+
+        from replicas.local_engine import random_prompt
+
+        prompt_len = max(1, min(prompt_len, self.max_len - max_tokens))
+        rid = f"profile-{next(self.ids)}"
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        self.engine.add_request(rid, random_prompt(self.rng, prompt_len, self.vocab), params)
+        return rid
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def drain(self) -> None:
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    def all_decoding(self) -> bool:
+        return not self.scheduler.waiting and not any(r.is_prefill_chunk for r in self.scheduler.running)
+
+
+def _prefill_only(d: _Driver, plan: ProfilePlan, budget: int) -> None:
+    for length in plan.prefill_lengths:
+        d.add(min(length, budget), 1)
+        d.drain()
+    for count, length in plan.prefill_packs:
+        for _ in range(max(1, min(count, budget // length))):
+            d.add(length, 1)
+        d.drain()
+
+
+def _decode_only(d: _Driver, plan: ProfilePlan, n: int) -> None:
+    for prompt in plan.decode_prompts:
+        for i in range(n):  # staggered ends: the batch shrinks by one every few steps
+            d.add(prompt, 2 + (plan.decode_steps - 2) * (i + 1) // n)
+        d.drain()
+
+
+def _mixed(d: _Driver, plan: ProfilePlan, n: int) -> None:
+    for m in plan.mixed_decodes:
+        # long-lived decodes (aborted below) while one prompt arrives before every step
+        base = [d.add(16, min(512, d.max_len - 32)) for _ in range(min(m, n - 1))]
+        while not d.all_decoding():
+            d.step()
+        for length in list(plan.mixed_prompts) * plan.mixed_repeats:
+            d.add(length, 1)
+            d.step()
+        d.engine.abort_request(base)
+        d.drain()
+
+
+def measure(llm: Any, plan: ProfilePlan, log: Callable[[str], None] = lambda _: None) -> Measurement:
+    """Run the plan on an in-process engine with the EB+ scheduler; return its step rows."""
+    import time
+
+    d = _Driver(llm, plan.seed)
+    sched = d.scheduler
+    sched.ebplus_apply({"mode": "mb", "n": sched.max_num_seqs})
+    budget = int(sched.max_num_scheduled_tokens)
+    n = int(sched.max_num_seqs)
+    # warm-up: the first forwards of a fresh engine are slow and are not what we measure
+    d.add(64, 4)
+    d.drain()
+    sched.ebplus_drain()
+    out = Measurement(max_num_seqs=n, max_num_batched_tokens=budget)
+    start = time.monotonic()
+    for r in range(plan.rounds):
+        for name, part in (("prefill", _prefill_only), ("decode", _decode_only), ("mixed", _mixed)):
+            part(d, plan, budget if name == "prefill" else n)
+            drained = sched.ebplus_drain()
+            out.steps += drained["steps"]
+            log(
+                f"round {r + 1}/{plan.rounds}: {name} steps done ({len(out.steps)} rows, {time.monotonic() - start:.0f} s)"
+            )
+    out.seconds = time.monotonic() - start
+    facts = sched.ebplus_drain()
+    out.kv_capacity_tokens = int(facts["kv_capacity_tokens"])
+    out.device = str(facts["device"])
+    return out
+
+
+def _data_prior(steps: Sequence[Sequence[Any]]) -> CostModel:
+    """Unregularised robust fits per step kind: the fitter's prior (its regularisation target).
+
+    A prior from the same rows keeps the fitter's pull towards the prior harmless;
+    a prior from another machine would bias parts the rows determine poorly.
+    """
+    arr = np.asarray([(float(r[0]), float(r[1]), float(r[4])) for r in steps], dtype=float).reshape(-1, 3)
+    p, d, t = arr.T
+    ones = np.ones_like(t)
+
+    def fit(mask: np.ndarray, columns: list[np.ndarray], lower: tuple, default: tuple) -> tuple[float, ...]:
+        if mask.sum() < len(columns) + 1:
+            return default
+        design = np.column_stack([c[mask] for c in columns])
+        return tuple(float(x) for x in robust_linear_fit(design, t[mask], lower=lower))
+
+    alpha_p, beta_p = fit((d == 0) & (p > 0), [ones, p], (1e-6, 1e-9), (1e-2, 1e-4))
+    alpha_d, beta_d = fit((p == 0) & (d > 0), [ones, d], (1e-6, 1e-9), (1e-2, 1e-4))
+    mixed = (p > 0) & (d > 0)
+    n = p + d
+    r = np.divide(d, n, out=np.zeros_like(n), where=n > 0)
+    flat = (alpha_p, beta_p, beta_d - beta_p, 0.0)  # no interference: beta_p (1 - r) + beta_d r
+    alpha_mb, *beta_mb = fit(mixed, [ones, n, n * r, n * r * r], (1e-6, -np.inf, -np.inf, 0.0), flat)
+    if min(beta_mb[0] + beta_mb[1] * x + beta_mb[2] * x * x for x in (0.0, 0.5, 1.0)) < 0:
+        alpha_mb, *beta_mb = flat
+    return CostModel(
+        alpha_p=alpha_p,
+        beta_p=beta_p,
+        alpha_d=alpha_d,
+        beta_d=beta_d,
+        beta_mb=tuple(beta_mb),
+        alpha_mb=alpha_mb,
+    )
+
+
+def fit_profile(steps: Sequence[Sequence[Any]], min_steps: int = 10) -> CostFit:
+    """The controller's cost fit over profiling rows; raises if a step kind could not be fitted."""
+    prior = _data_prior(steps)
+    fitter = CostModelFitter(prior, window=max(len(steps), 16), min_steps=min_steps)
+    for row in steps:
+        fitter.observe_step(int(row[0]), int(row[1]), float(row[4]))
+    fit = fitter.fit()
+    missing = {"prefill", "decode", "mixed"} - set(fit.fitted)
+    if missing:
+        counts = f"{fit.n_prefill_steps} prefill, {fit.n_decode_steps} decode, {fit.n_mixed_steps} mixed steps"
+        raise ValueError(f"could not fit {sorted(missing)} from {counts}: profile with more rounds")
+    return fit
+
+
+def residuals(model: CostModel, steps: Sequence[Sequence[Any]]) -> dict[str, float]:
+    """Median absolute relative error of the fitted model per step kind (how well it predicts)."""
+    errs: dict[str, list[float]] = {}
+    for p, d, *_, seconds, _kind in steps:
+        kind = step_kind(int(p), int(d))
+        pred = model.step_seconds(int(p), int(d))
+        errs.setdefault(kind, []).append(abs(pred - float(seconds)) / float(seconds))
+    return {k: float(np.median(v)) for k, v in sorted(errs.items())}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_profile(name: str, fit: CostFit, m: Measurement, model_name: str, engine_args: dict) -> HardwareProfile:
+    """A :class:`HardwareProfile` (the simulator's YAML format) with its provenance in ``description``."""
+    import vllm
+
+    errors = residuals(fit.model, m.steps)
+    device = m.device if m.device != "cpu" else f"cpu ({cpu_model()})"
+    description = (
+        f"Fitted by `ebplus profile` on {device}, {dt.date.today().isoformat()}: {model_name} on vLLM "
+        f"{vllm.__version__}, engine {engine_args}. {fit.n_prefill_steps} prefill-only, {fit.n_decode_steps} "
+        f"decode-only and {fit.n_mixed_steps} mixed steps in {m.seconds:.0f} s, Huber fits "
+        f"(controller.estimator.CostModelFitter); median relative error per kind: "
+        + ", ".join(f"{k} {v:.1%}" for k, v in errors.items())
+        + ". KV capacity = num_gpu_blocks x block_size of that engine."
+    )
+    return HardwareProfile(
+        **fit.model.model_dump(), name=name, kv_capacity_tokens=m.kv_capacity_tokens, description=description
+    )
