@@ -58,6 +58,21 @@ class CostModel(BaseModel):
                 raise ValueError(f"beta_mb(r) must be >= 0 on [0, 1]; negative at r={r}")
         return v
 
+    def folded(self, context_tokens: float) -> CostModel:
+        """This model with the KV-read term folded into the per-sequence decode costs.
+
+        The closed forms know no KV term: a decode step costs ``alpha_d + beta_d*n``.
+        With ``beta_kv`` the cost is ``alpha_d + (beta_d + beta_kv*c)*n`` for a mean
+        context ``c`` per decoding request, and a mixed step's per-token cost gains
+        ``r*beta_kv*c`` (its decode share reads KV too). Exact in the mean when ``c``
+        is the time-averaged context, ``mu_L + E[O^2]/(2 mu_O)``.
+        """
+        if self.beta_kv == 0.0:
+            return self
+        extra = self.beta_kv * max(0.0, float(context_tokens))
+        a, b, c = self.beta_mb
+        return self.model_copy(update={"beta_d": self.beta_d + extra, "beta_mb": (a, b + extra, c), "beta_kv": 0.0})
+
     @property
     def alpha_mixed(self) -> float:
         return self.alpha_p if self.alpha_mb is None else self.alpha_mb

@@ -42,6 +42,29 @@ class Estimate:
     t_hi: int  # fitted hazard range, last t (the 95th percentile)
     method: str  # "wls", or "fallback: <reason>" when the geometric MLE was used
     timestamp: float
+    mu_o_sq: float = 0.0  # mean squared output length (0: unknown)
+
+    @property
+    def mean_age(self) -> float:
+        """Mean age (tokens generated) of a running request, ``E[O^2] / (2 E[O])``.
+
+        A slot refilled as soon as it frees holds a request whose age is the
+        equilibrium (inspection-paradox) age of the renewal process: long requests
+        hold their slots longer. For geometric outputs this is ``~1/p0``, the value
+        the paper's N* uses; ``1/p0`` is the fallback when ``mu_o_sq`` is unknown.
+        """
+        if self.mu_o_sq <= 0:
+            return 1.0 / self.p0
+        return self.mu_o_sq / (2.0 * self.mu_o)
+
+    @property
+    def decode_context(self) -> float:
+        """Time-averaged KV context of a decoding request, ``mu_L + E[O^2] / (2 mu_O)``.
+
+        A request with output ``O`` reads ``sum_{a<O} (L + a)`` KV tokens over its
+        decode steps; per decode step that averages to this.
+        """
+        return self.mu_l + self.mean_age
 
 
 def _check_length(name: str, value: int, lo: int) -> int:
@@ -112,6 +135,8 @@ class WorkloadEstimator:
         input_window: size of ``W_L``; defaults to ``window``.
         update_every: completions between updates, ``M`` (authors: 100).
         min_samples: no estimate before this many outputs are in the window.
+        first_update: completions before the first update (default ``update_every``).
+            A cold controller runs on guesses (MB for EB+, ``theta_cold``) until then.
         min_at_risk: hazard points with fewer requests at risk are skipped.
         clock: injected for tests; stamps each :class:`Estimate`.
     """
@@ -122,6 +147,7 @@ class WorkloadEstimator:
         input_window: int | None = None,
         update_every: int = 100,
         min_samples: int = 30,
+        first_update: int | None = None,
         min_at_risk: int = 5,
         clock: Clock = time.time,
     ) -> None:
@@ -129,6 +155,7 @@ class WorkloadEstimator:
             _check_length(name, value, 1)
         self.update_every = update_every
         self.min_samples = min_samples
+        self.first_update = update_every if first_update is None else _check_length("first_update", first_update, 1)
         self.min_at_risk = min_at_risk
         self._clock = clock
         self._outputs: deque[int] = deque(maxlen=window)
@@ -163,7 +190,8 @@ class WorkloadEstimator:
 
     def update_due(self) -> bool:
         """True once ``update_every`` completions arrived and the window is warm."""
-        return self.pending >= self.update_every and self.n_samples >= self.min_samples
+        due = self.update_every if self.updates else self.first_update
+        return self.pending >= due and self.n_samples >= self.min_samples
 
     def update(self) -> Estimate | None:
         """Fit the windows now; ``None`` while fewer than ``min_samples`` are held."""
@@ -183,6 +211,7 @@ class WorkloadEstimator:
             t_hi=t_hi,
             method=method,
             timestamp=self._clock(),
+            mu_o_sq=float(np.mean(np.square(lengths, dtype=float))),
         )
         self.pending = 0
         self.updates += 1
@@ -220,9 +249,14 @@ class WorkloadEstimator:
 
 
 def robust_linear_fit(
-    design: np.ndarray, y: np.ndarray, lower: Iterable[float] | None = None, iterations: int = 12
+    design: np.ndarray,
+    y: np.ndarray,
+    lower: Iterable[float] | None = None,
+    iterations: int = 12,
+    prior: Iterable[float] | None = None,
+    prior_sd: Iterable[float] | None = None,
 ) -> np.ndarray:
-    """Huber regression by iteratively reweighted least squares, with lower bounds.
+    """Huber regression by iteratively reweighted least squares, with lower bounds and an optional prior.
 
     Each pass weights residuals beyond 1.345 x the MAD-based sigma down (Huber's
     weights), so a few steps slowed by a GC pause or a page fault do not drag
@@ -230,6 +264,13 @@ def robust_linear_fit(
     rest refitted. Columns are scaled to unit norm for conditioning. IRLS on a
     few columns is a handful of small ``lstsq`` calls: cheap enough for the
     controller's update path.
+
+    With ``prior`` (and its standard deviations ``prior_sd``) each coefficient
+    also gets a Gaussian pseudo-observation weighted ``(sigma / sd)^2`` against
+    the data's residual sigma: the MAP estimate. Well-determined coefficients
+    follow the data; directions the data leave open (an engine that always runs
+    nearly the same batch size cannot separate fixed from per-sequence cost)
+    stay near the prior instead of running to a bound.
     """
     design = np.asarray(design, dtype=float)
     y = np.asarray(y, dtype=float)
@@ -238,18 +279,34 @@ def robust_linear_fit(
     scale = np.linalg.norm(design, axis=0)
     scale[scale == 0] = 1.0
     xs = design / scale
+    if prior is not None:
+        mu = np.asarray(list(prior), dtype=float)
+        sd = np.asarray(list(prior_sd), dtype=float) if prior_sd is not None else np.abs(mu)
+        xs_aug = np.vstack([xs, np.diag(1.0 / scale)])
+        y_aug = np.concatenate([y, mu])
     weights = np.ones_like(y)
     coef = np.zeros(p)
-    for _ in range(iterations):
-        coef = _weighted_fit(xs, y, weights, lb * scale, np.zeros(p, dtype=bool))
+    prior_w = np.zeros(p)
+    floor = 1e-12 * max(float(np.abs(y).max()), 1e-300)
+    for i in range(iterations):
+        if prior is None:
+            coef = _weighted_fit(xs, y, weights, lb * scale, np.zeros(p, dtype=bool))
+        else:
+            w = np.concatenate([weights, prior_w])
+            coef = _weighted_fit(xs_aug, y_aug, w, lb * scale, np.zeros(p, dtype=bool))
         resid = y - xs @ coef
-        sigma = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
-        cut = 1.345 * max(sigma, 1e-12 * max(float(np.abs(y).max()), 1e-300))
+        sigma = max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), floor)
+        cut = 1.345 * sigma
         abs_r = np.abs(resid)
         new_weights = np.where(abs_r <= cut, 1.0, cut / np.maximum(abs_r, 1e-300))
-        if np.allclose(new_weights, weights, rtol=1e-6, atol=1e-9):
+        new_prior_w = np.zeros(p) if prior is None else (sigma / np.maximum(sd, 1e-300)) ** 2
+        if (
+            i > 0
+            and np.allclose(new_weights, weights, rtol=1e-6, atol=1e-9)
+            and np.allclose(new_prior_w, prior_w, rtol=1e-3)
+        ):
             break
-        weights = new_weights
+        weights, prior_w = new_weights, new_prior_w
     return coef / scale
 
 
@@ -279,30 +336,44 @@ class CostFit:
 
 
 class CostModelFitter:
-    """Fits ``(alpha_p, beta_p)``, ``(alpha_d, beta_d)`` and ``beta_mb(r)`` from step timings.
+    """Fits ``(alpha_p, beta_p)``, ``(alpha_d, beta_d, beta_kv)`` and ``beta_mb(r)`` from step timings.
 
     Each step kind keeps its own window so a long decode phase does not evict the
     prefill samples. Parts with fewer than ``min_steps`` samples (or without
-    enough spread in the regressor) keep the prior's values.
+    enough spread in the regressors) keep the prior's values.
+
+    KV reads. Decode cost grows with the context the decodes read. Within an EB
+    decode phase the batch shrinks while the context grows, so a fit of decode
+    time on the batch size alone is confounded (it can send ``alpha_d`` to zero,
+    and with it ``theta0`` to one). When the engine reports ``kv_tokens`` the
+    decode fit has a ``beta_kv`` column and mixed steps are charged the same
+    ``beta_kv``; when it does not, the KV cost is absorbed into ``alpha_d, beta_d``
+    and the fitted model's ``beta_kv`` is 0 (no double count).
+
+    Every fit is regularised toward the prior (``prior_sd``: its relative standard
+    deviation), see :func:`robust_linear_fit`.
 
     Args:
         prior: the values used before data arrives (a shipped profile, or the
             last persisted fit).
         window: samples kept per step kind.
         min_steps: samples needed before a part is fitted.
+        prior_sd: relative standard deviation of the prior on each coefficient.
     """
 
-    def __init__(self, prior: CostModel, window: int = 2048, min_steps: int = 20) -> None:
+    def __init__(self, prior: CostModel, window: int = 2048, min_steps: int = 20, prior_sd: float = 0.5) -> None:
         self.prior = prior
         self.min_steps = min_steps
+        self.prior_sd = prior_sd
         self._prefill: deque[tuple[int, float]] = deque(maxlen=window)
-        self._decode: deque[tuple[int, float]] = deque(maxlen=window)
-        self._mixed: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._decode: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._mixed: deque[tuple[int, int, int, float]] = deque(maxlen=window)
 
-    def observe_step(self, n_prefill_tokens: int, n_decode_tokens: int, seconds: float) -> None:
+    def observe_step(self, n_prefill_tokens: int, n_decode_tokens: int, seconds: float, kv_tokens: int = 0) -> None:
         """Record one step. Raises ``ValueError`` for empty steps or bad timings."""
         p = _check_length("n_prefill_tokens", n_prefill_tokens, 0)
         d = _check_length("n_decode_tokens", n_decode_tokens, 0)
+        kv = _check_length("kv_tokens", kv_tokens, 0)
         s = float(seconds)
         if not (math.isfinite(s) and s > 0):
             raise ValueError(f"step seconds must be finite and > 0, got {seconds!r}")
@@ -312,37 +383,68 @@ class CostModelFitter:
         if kind == "prefill":
             self._prefill.append((p, s))
         elif kind == "decode":
-            self._decode.append((d, s))
+            self._decode.append((d, kv, s))
         else:
-            self._mixed.append((p, d, s))
+            self._mixed.append((p, d, kv, s))
 
     @staticmethod
     def _spread(x: np.ndarray) -> bool:
         return x.size > 0 and float(x.max()) > 1.2 * float(x.min())
 
-    def _fit_line(self, samples: deque, default: tuple[float, float]) -> tuple[tuple[float, float], bool]:
-        if len(samples) < self.min_steps:
+    def _sd(self, values: tuple[float, ...], floor: float) -> np.ndarray:
+        return self.prior_sd * np.maximum(np.abs(np.asarray(values, dtype=float)), floor)
+
+    def _fit_prefill(self) -> tuple[tuple[float, float], bool]:
+        prior = self.prior
+        default = (prior.alpha_p, prior.beta_p)
+        if len(self._prefill) < self.min_steps:
             return default, False
-        arr = np.asarray(samples, dtype=float)
+        arr = np.asarray(self._prefill, dtype=float)
         n, t = arr[:, 0], arr[:, 1]
         if not self._spread(n):
             return default, False
-        alpha, beta = robust_linear_fit(np.column_stack([np.ones_like(n), n]), t, lower=(1e-9, 0.0))
+        design = np.column_stack([np.ones_like(n), n])
+        sd = self._sd(default, 0.0)
+        alpha, beta = robust_linear_fit(design, t, lower=(1e-9, 0.0), prior=default, prior_sd=sd)
         return (float(alpha), float(beta)), True
+
+    def _fit_decode(self) -> tuple[tuple[float, float, float], bool]:
+        prior = self.prior
+        default = (prior.alpha_d, prior.beta_d, prior.beta_kv)
+        if len(self._decode) < self.min_steps:
+            return default, False
+        arr = np.asarray(self._decode, dtype=float)
+        n, kv, t = arr[:, 0], arr[:, 1], arr[:, 2]
+        with_kv = bool(kv.any())
+        if not (self._spread(n) or (with_kv and self._spread(kv))):
+            return default, False
+        if with_kv:
+            design = np.column_stack([np.ones_like(n), n, kv])
+            sd = self._sd(default, 0.0)
+            sd[2] = self.prior_sd * max(prior.beta_kv, 1e-3 * prior.beta_d, 1e-12)
+            a, b, k = robust_linear_fit(design, t, lower=(1e-9, 0.0, 0.0), prior=default, prior_sd=sd)
+            return (float(a), float(b), float(k)), True
+        design = np.column_stack([np.ones_like(n), n])
+        a, b = robust_linear_fit(design, t, lower=(1e-9, 0.0), prior=default[:2], prior_sd=self._sd(default[:2], 0.0))
+        return (float(a), float(b), 0.0), True
 
     def fit(self) -> CostFit:
         prior = self.prior
-        (alpha_p, beta_p), got_p = self._fit_line(self._prefill, (prior.alpha_p, prior.beta_p))
-        (alpha_d, beta_d), got_d = self._fit_line(self._decode, (prior.alpha_d, prior.beta_d))
+        (alpha_p, beta_p), got_p = self._fit_prefill()
+        (alpha_d, beta_d, beta_kv), got_d = self._fit_decode()
         fitted = [name for name, ok in (("prefill", got_p), ("decode", got_d)) if ok]
         alpha_mb, coeffs = prior.alpha_mb, prior.beta_mb
         if len(self._mixed) >= self.min_steps:
             arr = np.asarray(self._mixed, dtype=float)
             n = arr[:, 0] + arr[:, 1]
             r = arr[:, 1] / n
+            t = arr[:, 3] - beta_kv * arr[:, 2]  # the KV reads priced as in decode steps
             if self._spread(n) and float(r.max() - r.min()) > 0.1:
                 design = np.column_stack([np.ones_like(n), n, n * r, n * r * r])
-                a0, a, b, c = robust_linear_fit(design, arr[:, 2], lower=(1e-9, -np.inf, -np.inf, 0.0))
+                pri = (prior.alpha_mixed, *prior.beta_mb)
+                sd = self._sd(pri, 0.0)
+                sd[1:] = self._sd(prior.beta_mb, 0.25 * max(abs(x) for x in prior.beta_mb))
+                a0, a, b, c = robust_linear_fit(design, t, lower=(1e-9, -np.inf, -np.inf, 0.0), prior=pri, prior_sd=sd)
                 candidate = (float(a), float(b), float(c))
                 # keep the fit only if it is a usable (non-negative) cost curve
                 if all(a + b * x + c * x * x >= 0 for x in (0.0, 0.5, 1.0)):
@@ -355,7 +457,7 @@ class CostModelFitter:
             beta_d=beta_d,
             beta_mb=coeffs,
             alpha_mb=alpha_mb,
-            beta_kv=prior.beta_kv,
+            beta_kv=beta_kv,
         )
         return CostFit(
             model=model,

@@ -39,6 +39,14 @@ class PlannerConfig(BaseModel):
     n_star_method: Literal["clt", "paper"] = Field(
         "clt", description="N* from the CLT form (the authors' code) or the paper's eq. (6)."
     )
+    n_star_age: Literal["empirical", "geometric"] = Field(
+        "empirical",
+        description=(
+            "Mean age of a running request in N*: 'geometric' is the paper's 1/p0 (exact for geometric "
+            "outputs, about twice the truth for the +-50% uniform ones, so N* comes out half as large); "
+            "'empirical' is E[O^2]/(2 E[O]) from the window, which equals 1/p0 for geometric outputs."
+        ),
+    )
     max_num_seqs: int = Field(256, ge=2, description="Upper bound for N: the engine's start-up max_num_seqs.")
     theta_cold: float = Field(
         0.10,
@@ -50,10 +58,49 @@ class PlannerConfig(BaseModel):
         ),
     )
     theta_ema: float = Field(0.3, gt=0, le=1, description="Weight of a new theta* in the moving average.")
+    kv_backoff: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description=(
+            "After an update window in which the replica preempted, N* is computed for this fraction of "
+            "the KV capacity (compounding); 1 disables the feedback. N* assumes running requests of "
+            "stationary age and exact estimates; a synchronised cohort at start-up or estimation noise "
+            "can still overflow the cache, and preemptions are the replica's direct report of that."
+        ),
+    )
+    kv_recover: float = Field(
+        1.02, ge=1, description="Each update window without preemptions restores usable KV by this factor (to 1)."
+    )
     n_growth: float = Field(1.5, ge=1, description="N grows at most by this factor per update (shrinks at once).")
-    delta: float = Field(1e-5, ge=0, description="Hysteresis margin of the EB/MB rule (s/token).")
-    sticky_eb: float = Field(3.0, ge=0, description="Switch EB->MB only when MB wins by sticky_eb * delta.")
-    cooldown: int = Field(3, ge=0, description="Updates to hold a mode after a switch.")
+    delta: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Absolute hysteresis margin of the EB/MB rule (s/token), added to delta_rel's. Ours is 0, not the "
+            "authors' 1e-5 (1e-4 in the paper): a margin in s/token does not transfer across GPUs - 1e-5 is a "
+            "third of the per-token time on an H200 and two thirds on a B300, enough to pin EB+ to MB."
+        ),
+    )
+    delta_rel: float = Field(
+        0.02,
+        ge=0,
+        lt=1,
+        description=(
+            "Relative hysteresis: switch only when the other mode is predicted faster by this fraction of the "
+            "current mode's per-token time (EB->MB: sticky_eb times as much)."
+        ),
+    )
+    sticky_eb: float = Field(3.0, ge=0, description="Switch EB->MB only when MB wins by sticky_eb x the margin.")
+    cooldown: int = Field(
+        3,
+        ge=0,
+        description=(
+            "Updates to hold a mode after a switch, unless the observed concurrency has since changed by more "
+            "than cooldown_reset x (the switch was made for a load that is gone: e.g. a drain, then a surge)."
+        ),
+    )
+    cooldown_reset: float = Field(2.0, gt=1, description="Concurrency ratio that ends a cooldown early.")
     min_concurrency: float = Field(16.0, ge=0, description="No EB/MB decision while observed concurrency is lower.")
     theta_min: float = Field(theory.THETA_MIN, gt=0, lt=1, description="Lower clamp of theta*.")
     theta_max: float = Field(theory.THETA_MAX, gt=0, lt=1, description="Upper clamp of theta*.")
@@ -86,6 +133,7 @@ class Plan:
     switched: bool
     crossover: theory.Crossover | None
     reason: str
+    kv_scale: float = 1.0  # fraction of the KV capacity N* was sized for (preemption feedback)
 
     def as_dict(self) -> dict:
         return {
@@ -103,6 +151,7 @@ class Plan:
             "switched": self.switched,
             "crossover": None if self.crossover is None else self.crossover.as_dict(),
             "reason": self.reason,
+            "kv_scale": self.kv_scale,
         }
 
     @classmethod
@@ -124,6 +173,8 @@ class PlannerState:
     active: Mode = Mode.MB  # cold start in MB (authors' default)
     since_switch: int = 1 << 30
     plans: int = 0
+    kv_scale: float = 1.0
+    n_obs_at_switch: float | None = None
 
 
 class ThresholdPlanner:
@@ -144,9 +195,21 @@ class ThresholdPlanner:
         k = theory.k_star(self.state.theta or self.config.theta_cold, n)
         return ThresholdUpdate(mode=mode, k=k, n=n, version=version, active=self.state.active)
 
-    def plan(self, estimate: Estimate, cost: CostModel, kv_capacity_tokens: float, n_obs: float) -> Plan:
-        """Recompute theta*, N*, k and the EB/MB choice from the newest estimate."""
+    def plan(
+        self, estimate: Estimate, cost: CostModel, kv_capacity_tokens: float, n_obs: float, preempted: int = 0
+    ) -> Plan:
+        """Recompute theta*, N*, k and the EB/MB choice from the newest estimate.
+
+        ``preempted``: preemptions the replica reported since the previous plan
+        (``kv_backoff`` shrinks the capacity N* is sized for; clean windows restore it).
+        """
         cfg, st = self.config, self.state
+        if preempted > 0:
+            st.kv_scale *= cfg.kv_backoff
+        else:
+            st.kv_scale = min(1.0, st.kv_scale * cfg.kv_recover)
+        # the closed forms have no KV term: price it at this workload's mean decode context
+        cost = cost.folded(estimate.decode_context)
         n_prev = st.n_cap or cfg.max_num_seqs
         ts = theory.theta_star(
             estimate.p0,
@@ -160,7 +223,9 @@ class ThresholdPlanner:
             delta_max_factor=cfg.delta_max_factor,
         )
         theta = ts.theta_star if st.theta is None else st.theta + cfg.theta_ema * (ts.theta_star - st.theta)
-        n_args = (kv_capacity_tokens, cfg.eps, estimate.p0, estimate.mu_l, ts.theta0, cfg.max_num_seqs)
+        # eqs. (6) and the CLT form use 1/p0 as the mean age of a running request (geometric outputs)
+        p_age = estimate.p0 if cfg.n_star_age == "geometric" else min(1.0, 1.0 / max(estimate.mean_age, 1.0))
+        n_args = (kv_capacity_tokens * st.kv_scale, cfg.eps, p_age, estimate.mu_l, ts.theta0, cfg.max_num_seqs)
         n_paper = theory.n_star_paper(*n_args)
         n_clt = theory.n_star_clt(*n_args)
         n_star = n_clt if cfg.n_star_method == "clt" else n_paper
@@ -187,6 +252,7 @@ class ThresholdPlanner:
             switched=switched,
             crossover=xo,
             reason=reason,
+            kv_scale=st.kv_scale,
         )
         return self.last
 
@@ -209,11 +275,16 @@ class ThresholdPlanner:
             estimate.mu_o,
             alpha_mb=cost.alpha_mixed,
         )
-        if st.since_switch <= cfg.cooldown:
+        ref = st.n_obs_at_switch
+        moved = ref is not None and not (ref / cfg.cooldown_reset <= n_obs <= ref * cfg.cooldown_reset)
+        if st.since_switch <= cfg.cooldown and not moved:
             return st.active, False, xo, f"hold: cooldown ({st.since_switch}/{cfg.cooldown} updates)"
-        if st.active is Mode.EB and xo.margin > cfg.sticky_eb * cfg.delta:
+        # per-token time of the mode running now: the relative margin is a fraction of it
+        per_token = 1.0 / ((xo.tp_eb if st.active is Mode.EB else xo.tp_mb) * (estimate.mu_l + estimate.mu_o))
+        band = cfg.delta + cfg.delta_rel * per_token
+        if st.active is Mode.EB and xo.margin > cfg.sticky_eb * band:
             target = Mode.MB
-        elif st.active is Mode.MB and xo.margin < -cfg.delta:
+        elif st.active is Mode.MB and xo.margin < -band:
             target = Mode.EB
         else:
             side = "MB" if xo.margin > 0 else "EB"
@@ -223,7 +294,7 @@ class ThresholdPlanner:
                 xo,
                 f"keep {st.active.value}: margin {xo.margin:.3g} s/token favours {side} within hysteresis",
             )
-        st.active, st.since_switch = target, 0
+        st.active, st.since_switch, st.n_obs_at_switch = target, 0, n_obs
         return target, True, xo, f"switch to {target.value}: margin {xo.margin:.3g} s/token"
 
     def update_for(self, mode: Mode, version: int) -> ThresholdUpdate:

@@ -18,6 +18,8 @@ from typing import Any
 MAX_TOKENS_PER_REQUEST = 10_000_000
 # Steps slower than this are treated as corrupt (a stalled engine reports nothing).
 MAX_STEP_SECONDS = 600.0
+# KV tokens read by one step above this are treated as corrupt.
+MAX_KV_TOKENS = 10**11
 
 # Every reason a record can be rejected for (exported as zero until seen).
 REJECT_REASONS = (
@@ -62,6 +64,10 @@ class StepRecord:
     waiting: int
     seconds: float
     phase: str = ""
+    # KV tokens the step's decodes read (the summed context of the decoding requests);
+    # 0 when the engine does not report it. Decode cost grows with context, and a
+    # fit in the number of sequences alone confounds the two (see CostModelFitter).
+    kv_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,11 @@ def check_step(record: Any) -> StepRecord | str:
         return "negative" if seconds < 0 else "out_of_range"
     if seconds > MAX_STEP_SECONDS:
         return "absurd_value"
+    kv_raw = record.get("kv_tokens", 0) if isinstance(record, dict) else getattr(record, "kv_tokens", 0)
+    kv = _int_field({"kv_tokens": 0 if kv_raw is None else kv_raw}, "kv_tokens", 0, MAX_KV_TOKENS)
+    if isinstance(kv, str):
+        return kv
     if isinstance(record, StepRecord):
         return record
     phase = record.get("phase", "") if isinstance(record, dict) else getattr(record, "phase", "")
-    return StepRecord(seconds=float(seconds), phase=str(phase), **values)
+    return StepRecord(seconds=float(seconds), phase=str(phase), kv_tokens=kv, **values)

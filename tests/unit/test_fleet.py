@@ -35,7 +35,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def fleet(clock: FakeClock) -> FleetController:
-    fc = FleetController(ControllerConfig(update_every=100), clock=clock)
+    fc = FleetController(ControllerConfig(update_every=100, first_update=100), clock=clock)
     fc.register("h200-0", Mode.AUTO, 2_000_000, 1024, H200)
     fc.register("rtx-0", Mode.AUTO, 600_000, 1024, RTX)
     return fc
