@@ -1,0 +1,631 @@
+"""A step-level simulator of one LLM engine replica, driving the deployed policy code.
+
+Every step the simulator asks the real phase machine (:mod:`replicas.phases`)
+what to run, schedules it the way vLLM v1 does, charges it with the real cost
+model (:meth:`controller.cost_model.CostModel.step_seconds`), and, for the online
+policies, pushes telemetry to the real control loop
+(:class:`controller.fleet.FleetController`) and applies the
+:class:`~replicas.phases.ThresholdUpdate` it answers. Nothing of the policy is
+re-implemented here, so a number measured in simulation is a number about the
+code that serves traffic.
+
+Engine model (vLLM v1 semantics, token-granular KV):
+
+* A step serves running requests first - one token per decoding request, then
+  prompt chunks of partially prefilled ones - and admits waiting requests only if
+  nothing was preempted this step, within the token budget ``budget``
+  (``max_num_batched_tokens``), the running cap ``n`` and the KV capacity.
+  Prompts are chunked across steps when the budget is short.
+* The step that computes a prompt's last token emits the first output token
+  (TTFT); each later output token takes one decode step, so a request with
+  output length ``O`` takes ``O - 1`` decode steps.
+* KV use of a request = tokens computed for it. When the scheduled tokens do not
+  fit, the newest running request is preempted (recompute): its KV is freed, it
+  goes back to the front of the queue, and on re-admission it prefills its prompt
+  plus the tokens it had generated. Those recomputed tokens are counted apart.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from bench.workloads import Requests
+from controller.cost_model import HardwareProfile
+from controller.fleet import ControllerConfig, FleetController
+from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from replicas.phases import EngineView, Mode, Phase, PhaseMachine, StepPlan, ThresholdUpdate
+
+REPLICA_ID = "sim-0"
+
+
+class Policy(StrEnum):
+    """What the simulated replica runs (``eb`` is online unless a fixed ``k`` is given)."""
+
+    MB = "mb"
+    EB = "eb"
+    V0 = "v0"
+    EBPLUS = "eb+"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated run's policy and engine limits.
+
+    Attributes:
+        policy: ``mb``, ``eb``, ``v0`` or ``eb+``.
+        k: fixed EB threshold; with ``policy=eb`` and ``k=None`` the online
+            controller sets ``k`` and ``N``.
+        n: ``max_num_seqs``: the running cap for fixed policies, the upper bound
+            the controller may choose ``N`` under for online ones.
+        budget: ``max_num_batched_tokens``: tokens per step.
+        telemetry_steps: steps between telemetry pushes to the controller.
+        controller: the control loop's settings (online policies).
+        record_steps: keep a per-step log (tests, plots).
+        jump: advance runs of identical decode-only steps at once. The phase
+            machine is still consulted and telemetry still sent for every step,
+            so results are identical with and without it.
+    """
+
+    policy: Policy
+    k: int | None = None
+    n: int = 1024
+    budget: int = 8192
+    telemetry_steps: int = 16
+    controller: ControllerConfig | None = None
+    record_steps: bool = False
+    jump: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", Policy(self.policy))
+        if self.n < 2:
+            raise ValueError(f"--n must be >= 2, got {self.n}")
+        if self.budget < 1:
+            raise ValueError(f"--budget must be >= 1, got {self.budget}")
+        if self.k is not None:
+            if self.policy is not Policy.EB:
+                raise ValueError("--k applies to --policy eb only")
+            if not 1 <= self.k <= self.n:
+                raise ValueError(f"--k must be in [1, n={self.n}], got {self.k}")
+        if self.telemetry_steps < 1:
+            raise ValueError("telemetry_steps must be >= 1")
+
+    @property
+    def online(self) -> bool:
+        return self.policy is Policy.EBPLUS or (self.policy is Policy.EB and self.k is None)
+
+
+@dataclass
+class StepLog:
+    """Per-step record kept when ``SimConfig.record_steps`` is set (plain lists, one entry per step)."""
+
+    t_end: list[float] = field(default_factory=list)
+    phase: list[str] = field(default_factory=list)
+    prefill_tokens: list[int] = field(default_factory=list)
+    decode_tokens: list[int] = field(default_factory=list)
+    admitted: list[int] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)  # after the step
+    waiting: list[int] = field(default_factory=list)  # after the step
+    kv_used: list[int] = field(default_factory=list)  # after the step
+    n_cap: list[int] = field(default_factory=list)  # thresholds.n during the step
+    k: list[int] = field(default_factory=list)  # effective k during the step
+    active: list[str] = field(default_factory=list)  # "mb" or "eb"
+
+
+@dataclass
+class SimResult:
+    """What one run measured. ``as_json`` has the documented keys of ``ebplus simulate --json``."""
+
+    policy: str
+    requests: int
+    sim_seconds: float
+    req_per_s: float
+    tok_per_s: float
+    out_tok_per_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p99_s: float
+    preemptions: int
+    mode_switches: int
+    k_final: int | None
+    n_final: int
+    steps: dict[str, int]
+    prefill_tokens: int  # computed in prefill steps, recompute included
+    decode_tokens: int
+    recompute_tokens: int  # KV discarded by preemption and computed again
+    max_kv_tokens: int
+    max_running: int
+    finish_s: np.ndarray  # per request, issue order
+    arrival_s: np.ndarray
+    first_token_s: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    phase_bounds: list[tuple[int, int, str, float]]  # (start, stop, label, start time)
+    timeline: list[tuple[float, int, int, str]]  # (t, k, n, active) at each applied update
+    controller: FleetController | None = None
+    step_log: StepLog | None = None
+
+    JSON_KEYS = (
+        "policy",
+        "requests",
+        "sim_seconds",
+        "req_per_s",
+        "tok_per_s",
+        "out_tok_per_s",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p99_s",
+        "preemptions",
+        "mode_switches",
+        "k_final",
+        "n_final",
+    )
+
+    def as_json(self) -> dict:
+        return {key: getattr(self, key) for key in self.JSON_KEYS}
+
+    def phase_tok_per_s(self) -> list[float]:
+        """Total tokens/s of each phase: its tokens over the time from its start to its last completion."""
+        out = []
+        for start, stop, _, t0 in self.phase_bounds:
+            tokens = int(self.input_len[start:stop].sum() + self.output_len[start:stop].sum())
+            span = float(self.finish_s[start:stop].max()) - t0
+            out.append(tokens / span if span > 0 else float("nan"))
+        return out
+
+    def _steady_rate(self, weights: np.ndarray, lo: float, hi: float) -> float:
+        """Rate of ``weights`` (per request) over the window between the ``lo`` and ``hi`` completion quantiles.
+
+        Each request is credited pro rata over its life in the engine (first token
+        to finish), not at the instant it completes: under EB with a large k whole
+        cohorts complete together, and a window edge that falls just before or
+        after a burst would swing a completion count by a cohort.
+        """
+        f = np.sort(self.finish_s)
+        a, b = float(f[int(lo * (f.size - 1))]), float(f[int(hi * (f.size - 1))])
+        start, end = self.first_token_s, self.finish_s
+        life = end - start
+        overlap = np.clip(np.minimum(end, b) - np.maximum(start, a), 0.0, None)
+        share = np.where(life > 0, overlap / np.where(life > 0, life, 1.0), ((end > a) & (end <= b)).astype(float))
+        return float((weights * share).sum()) / (b - a)
+
+    def steady_req_per_s(self, lo: float = 0.2, hi: float = 0.8) -> float:
+        """Requests/s in steady state: between the ``lo`` and ``hi`` quantiles of finish times.
+
+        A saturated run starts with every slot empty and ends draining the last
+        requests; neither is the steady state the closed forms describe.
+        """
+        return self._steady_rate(np.ones(self.finish_s.size), lo, hi)
+
+    def steady_tok_per_s(self, lo: float = 0.2, hi: float = 0.8) -> float:
+        """Total (input + output) tokens/s in steady state, as :meth:`steady_req_per_s`."""
+        return self._steady_rate((self.input_len + self.output_len).astype(float), lo, hi)
+
+
+class _Arrivals:
+    """Issues requests phase by phase: closed loop, open loop or saturated."""
+
+    def __init__(self, reqs: Requests) -> None:
+        self.phases = reqs.phases
+        self.drain = reqs.drain
+        self.arrival_s = np.full(len(reqs), np.nan)
+        self.phase_start: list[float] = []
+        self.idx = -1  # current phase
+        self.next = 0  # next request to issue
+        self.inflight = 0
+        self._start_phase(0.0)
+
+    def _start_phase(self, now: float) -> None:
+        self.idx += 1
+        if self.idx < len(self.phases):
+            self.phase_start.append(now)
+
+    def poll(self, now: float) -> list[int]:
+        """Requests that arrive by ``now`` (call after completions were reported)."""
+        issued: list[int] = []
+        while self.idx < len(self.phases):
+            ph = self.phases[self.idx]
+            if self.next >= ph.stop:
+                if self.drain and self.inflight > 0:
+                    break
+                last = now if self.drain or ph.offsets_s is None else self.phase_start[-1] + float(ph.offsets_s[-1])
+                self._start_phase(last)
+                continue
+            t0 = self.phase_start[-1]
+            if ph.offsets_s is not None:
+                offs = ph.offsets_s
+                hi = ph.start + int(np.searchsorted(offs, now - t0, side="right"))
+                stop = min(ph.stop, hi)
+                if stop <= self.next:
+                    break
+                rng = range(self.next, stop)
+                self.arrival_s[self.next : stop] = t0 + offs[self.next - ph.start : stop - ph.start]
+            else:
+                room = ph.stop - self.next if ph.concurrency is None else ph.concurrency - self.inflight
+                if room <= 0:
+                    break
+                stop = min(ph.stop, self.next + room)
+                rng = range(self.next, stop)
+                self.arrival_s[self.next : stop] = now
+            issued.extend(rng)
+            self.inflight += stop - self.next
+            self.next = stop
+        return issued
+
+    def next_time(self) -> float | None:
+        """When the next open-loop request arrives (None: arrivals wait on completions)."""
+        if self.idx >= len(self.phases):
+            return None
+        ph = self.phases[self.idx]
+        if ph.offsets_s is None or self.next >= ph.stop:
+            return None
+        return self.phase_start[-1] + float(ph.offsets_s[self.next - ph.start])
+
+
+class Simulator:
+    """One replica serving ``requests`` on ``profile`` under ``config``; call :meth:`run` once."""
+
+    def __init__(self, profile: HardwareProfile, requests: Requests, config: SimConfig) -> None:
+        self.profile = profile
+        self.cost = profile.cost_model()
+        self.cap = int(profile.kv_capacity_tokens)
+        self.reqs = requests
+        self.cfg = config
+        too_long = np.flatnonzero(requests.input_len + requests.output_len > self.cap)
+        if too_long.size:
+            i = int(too_long[0])
+            raise ValueError(
+                f"request {i} needs {int(requests.input_len[i] + requests.output_len[i])} KV tokens, more than "
+                f"the profile's kv_capacity_tokens={self.cap}"
+            )
+        size = len(requests)
+        self.inp = requests.input_len.astype(np.int64)
+        self.out = requests.output_len.astype(np.int64)
+        self.gen = np.zeros(size, np.int64)  # tokens generated, kept across preemptions
+        self.first_s = np.full(size, np.nan)
+        self.finish_s = np.full(size, np.nan)
+        # running requests in admission order, slots [0, m)
+        # NOTE: one 2-D array so that removing finished requests is a single compaction.
+        self._slots = np.zeros((4, config.n), np.int64)
+        self.rid = self._slots[0]  # request id
+        self.kv = self._slots[1]  # KV tokens held
+        self.pleft = self._slots[2]  # prompt tokens still to compute (0: decoding)
+        self.left = self._slots[3]  # output tokens still to generate
+        self.m = 0
+        self.n_prefilling = 0
+        self.used = 0
+        self.waiting: deque[int] = deque()
+        self.arrivals = _Arrivals(requests)
+        self.now = 0.0
+        self.finished = 0
+        # counters
+        self.preemptions = 0
+        self.recompute_tokens = 0
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self.max_kv = 0
+        self.max_running = 0
+        self.steps = dict.fromkeys((p.value for p in Phase), 0)
+        self.mode_switches = 0
+        self.log = StepLog() if config.record_steps else None
+        # policy
+        self.controller: FleetController | None = None
+        self._step_buf: list[StepRecord] = []
+        self._done_buf: list[CompletionRecord] = []
+        self._per_step: np.ndarray | None = None
+        self._kv_read = 0
+        self.machine = PhaseMachine(self._initial_thresholds())
+        self.timeline: list[tuple[float, int, int, str]] = []
+        self._note_thresholds()
+
+    # -- policy ---------------------------------------------------------------
+
+    def _initial_thresholds(self) -> ThresholdUpdate:
+        cfg = self.cfg
+        if not cfg.online:
+            mode = {Policy.MB: Mode.MB, Policy.EB: Mode.EB, Policy.V0: Mode.V0}[cfg.policy]
+            return ThresholdUpdate(mode=mode, k=cfg.k or 1, n=cfg.n)
+        self.controller = FleetController(cfg.controller or ControllerConfig(), clock=lambda: self.now)
+        mode = Mode.AUTO if cfg.policy is Policy.EBPLUS else Mode.EB
+        return self.controller.register(REPLICA_ID, mode, self.cap, cfg.n, self.cost)
+
+    def _note_thresholds(self) -> None:
+        th = self.machine.thresholds
+        self.timeline.append((self.now, th.effective_k, th.n, th.active.value))
+
+    def _push_telemetry(self) -> None:
+        if self.controller is None or not (self._step_buf or self._done_buf):
+            return
+        batch = TelemetryBatch(
+            replica_id=REPLICA_ID,
+            completions=tuple(self._done_buf),
+            steps=tuple(self._step_buf),
+            applied_version=self.machine.thresholds.version,
+            sent_at=self.now,
+            extra={"engine_stats": {"preemptions": self.preemptions}},
+        )
+        self._step_buf.clear()
+        self._done_buf.clear()
+        update = self.controller.ingest(batch)
+        if update is None or update == self.machine.thresholds:
+            return
+        if update.active is not self.machine.thresholds.active:
+            self.mode_switches += 1
+        self.machine.apply(update)
+        self._note_thresholds()
+
+    # -- engine ---------------------------------------------------------------
+
+    def _view(self) -> EngineView:
+        return EngineView(running=self.m, prefilling=self.n_prefilling, waiting=len(self.waiting))
+
+    def _preempt_newest(self) -> int:
+        """Free the newest running request's KV and requeue it first; returns the freed tokens."""
+        s = self.m - 1
+        r = int(self.rid[s])
+        freed = int(self.kv[s])
+        self.gen[r] = self.out[r] - int(self.left[s])
+        if self.pleft[s] > 0:
+            self.n_prefilling -= 1
+        self.used -= freed
+        self.recompute_tokens += freed
+        self.preemptions += 1
+        self.m = s
+        self.waiting.appendleft(r)
+        return freed
+
+    def _schedule(self, plan: StepPlan) -> tuple[int, np.ndarray | None, list[tuple[int, int]], int, bool]:
+        """Pick this step's work: (decodes, decode mask or None for all, prompt chunks, admitted, preempted)."""
+        budget = self.cfg.budget
+        n_dec, dec = 0, None
+        if plan.decode and self.m > self.n_prefilling:
+            if self.n_prefilling:
+                dec = self.pleft[: self.m] == 0
+            n_dec = self.m - self.n_prefilling
+            if n_dec > budget:  # more decodes than the budget: the oldest ones run
+                dec = (self.pleft[: self.m] == 0) if dec is None else dec.copy()
+                dec[np.flatnonzero(dec)[budget:]] = False
+                n_dec = budget
+        budget -= n_dec
+        chunks: list[tuple[int, int]] = []
+        if plan.prefill and self.n_prefilling and budget > 0:
+            for s in np.flatnonzero(self.pleft[: self.m] > 0):
+                t = min(int(self.pleft[s]), budget)
+                chunks.append((int(s), t))
+                budget -= t
+                if budget == 0:
+                    break
+        need = n_dec + sum(t for _, t in chunks)
+        preempted = False
+        while self.used + need > self.cap:  # KV short: preempt the newest, like vLLM
+            s = self.m - 1
+            if chunks and chunks[-1][0] == s:
+                need -= chunks.pop()[1]
+            elif self.pleft[s] == 0 and (dec is None or dec[s]) and n_dec > 0:
+                need -= 1
+                n_dec -= 1
+            self._preempt_newest()
+            preempted = True
+            if dec is not None:
+                dec = dec[: self.m]
+        admitted = 0
+        if plan.prefill and not preempted:
+            limit = min(plan.max_admit, self.machine.thresholds.n - self.m)
+            while budget > 0 and admitted < limit and self.waiting:
+                r = self.waiting[0]
+                target = int(self.inp[r] + self.gen[r])
+                t = min(target, budget)
+                if self.used + need + t > self.cap:
+                    break
+                self.waiting.popleft()
+                s = self.m
+                self.rid[s], self.kv[s], self.pleft[s] = r, 0, target
+                self.left[s] = self.out[r] - self.gen[r]
+                self.m += 1
+                self.n_prefilling += 1
+                chunks.append((s, t))
+                need += t
+                budget -= t
+                admitted += 1
+        return n_dec, dec, chunks, admitted, preempted
+
+    def _execute(self, n_dec: int, dec: np.ndarray | None, chunks: list[tuple[int, int]], repeat: int = 1) -> float:
+        """Run the scheduled work ``repeat`` times (identical decode-only steps when > 1); returns seconds."""
+        n_pre = sum(t for _, t in chunks)
+        kv_read = 0
+        if n_dec and (self.cost.beta_kv or self.controller is not None):
+            kv_read = int(self.kv[:n_dec].sum() if dec is None else self.kv[: dec.size][dec].sum())
+        seconds = self.cost.step_seconds(n_pre, n_dec, kv_read)
+        if repeat > 1:  # kv grows by n_dec per step; step time is linear in it
+            growth = self.cost.step_seconds(n_pre, n_dec, kv_read + n_dec) - seconds
+            per_step = seconds + growth * np.arange(repeat)
+            seconds = float(per_step.sum())
+        else:
+            per_step = None
+        if n_dec:
+            if dec is None:  # every request running before this step's admissions decodes
+                self.kv[:n_dec] += repeat
+                self.left[:n_dec] -= repeat
+            else:
+                self.kv[: dec.size][dec] += repeat  # the mask predates this step's admissions
+                self.left[: dec.size][dec] -= repeat
+        for s, t in chunks:
+            self.kv[s] += t
+            self.pleft[s] -= t
+            if self.pleft[s] == 0:
+                self.left[s] -= 1
+                self.n_prefilling -= 1
+                r = self.rid[s]
+                if np.isnan(self.first_s[r]):
+                    self.first_s[r] = self.now + seconds
+        self.used += (n_dec * repeat) + n_pre
+        self.prefill_tokens += n_pre
+        self.decode_tokens += n_dec * repeat
+        self._per_step = per_step
+        self._kv_read = kv_read
+        return seconds
+
+    def _retire(self) -> int:
+        """Remove finished requests, report them, let the client issue more; returns how many."""
+        m = self.m
+        left = self.left[:m]
+        if m == 0 or left.min() > 0:
+            return 0
+        slots = np.flatnonzero(left == 0)
+        rids = self.rid[slots]
+        self.finish_s[rids] = self.now
+        self.gen[rids] = self.out[rids]
+        self.used -= int(self.kv[slots].sum())
+        if slots.size <= 4:  # usually one or two finish: shift the tail down (keeps admission order)
+            for s in slots[::-1].tolist():
+                self._slots[:, s : m - 1] = self._slots[:, s + 1 : m]
+                m -= 1
+        else:
+            keep = left != 0
+            m = m - slots.size
+            self._slots[:, :m] = self._slots[:, : self.m][:, keep]
+        self.m = m
+        self.finished += slots.size
+        self.arrivals.inflight -= slots.size
+        if self.controller is not None:
+            capped = self.reqs.capped
+            for r in rids.tolist():
+                finish = FinishReason.LENGTH if capped[r] else FinishReason.STOP
+                self._done_buf.append(CompletionRecord(int(self.inp[r]), int(self.out[r]), finish))
+        return int(slots.size)
+
+    def _jump_length(self, plan: StepPlan, n_dec: int, dec: np.ndarray | None, chunks: list, steps_to_push: int) -> int:
+        """How many identical decode-only steps can run before anything the policy sees changes."""
+        if not self.cfg.jump or plan.phase is not Phase.DECODE or chunks or dec is not None or n_dec != self.m:
+            return 1
+        d = int(self.left[: self.m].min())  # the step that finishes someone is the last one
+        d = min(d, (self.cap - self.used) // max(n_dec, 1), steps_to_push)
+        nxt = self.arrivals.next_time()
+        if nxt is not None and d > 1:
+            s0 = self.cost.step_seconds(0, n_dec, 0)
+            d = min(d, max(1, int((nxt - self.now) / s0)))  # conservative: steps only get longer
+        return max(1, d)
+
+    def run(self) -> SimResult:
+        total = len(self.reqs)
+        stalled = 0
+        since_push = 0
+        push_every = self.cfg.telemetry_steps
+        while self.finished < total:
+            self.waiting.extend(self.arrivals.poll(self.now))
+            if self.m == 0 and not self.waiting:
+                nxt = self.arrivals.next_time()
+                if nxt is None:
+                    raise RuntimeError("simulator stalled: nothing running, waiting or arriving")
+                self.now = max(self.now, nxt)
+                continue
+            view = self._view()
+            plan = self.machine.decide(view)
+            n_dec, dec, chunks, admitted, _ = self._schedule(plan)
+            if n_dec == 0 and not chunks:
+                self.machine.observe(admitted, 0, self.m)
+                stalled += 1
+                if stalled > 3:
+                    raise RuntimeError(f"simulator stalled: plan {plan} on {view} makes no progress")
+                continue
+            stalled = 0
+            repeat = self._jump_length(plan, n_dec, dec, chunks, push_every - since_push)
+            for _ in range(repeat - 1):  # the machine sees every step, even when we advance in one go
+                self.machine.decide(view)
+            t0 = self.now
+            seconds = self._execute(n_dec, dec, chunks, repeat)
+            self.now = t0 + seconds
+            n_pre = sum(t for _, t in chunks)
+            self.machine.observe(admitted, n_pre, self.m)
+            self._record_steps(view, n_pre, n_dec, admitted, repeat, t0)
+            self._retire()
+            since_push += repeat
+            if since_push >= push_every:
+                self._push_telemetry()
+                since_push = 0
+        self._push_telemetry()
+        return self._result()
+
+    def _record_steps(self, view: EngineView, n_pre: int, n_dec: int, admitted: int, repeat: int, t0: float) -> None:
+        phase = Phase.MIXED.value if n_pre and n_dec else Phase.PREFILL.value if n_pre else Phase.DECODE.value
+        self.steps[phase] += repeat
+        self.max_kv = max(self.max_kv, self.used)
+        self.max_running = max(self.max_running, self.m)
+        per_step = self._per_step if repeat > 1 else (self.now - t0,)
+        if self.controller is not None:
+            waiting, kv = view.waiting, self._kv_read
+            for s in per_step:  # in a run of decode steps each reads n_dec more KV than the last
+                self._step_buf.append(StepRecord(n_pre, n_dec, view.running, waiting, float(s), phase, kv))
+                kv += n_dec
+        if self.log is not None:
+            th = self.machine.thresholds
+            log = self.log
+            t = t0
+            for j, s in enumerate(per_step):
+                t += float(s)
+                log.t_end.append(t)
+                log.phase.append(phase)
+                log.prefill_tokens.append(n_pre)
+                log.decode_tokens.append(n_dec)
+                log.admitted.append(admitted if j == 0 else 0)
+                log.running.append(self.m)
+                log.waiting.append(len(self.waiting))
+                log.kv_used.append(self.used - n_dec * (repeat - 1 - j))
+                log.n_cap.append(th.n)
+                log.k.append(th.effective_k)
+                log.active.append(th.active.value)
+
+    def _result(self) -> SimResult:
+        span = float(np.nanmax(self.finish_s)) if self.finished else 0.0
+        inp, out = self.inp, self.out
+        arrival = self.arrivals.arrival_s
+        ttft = self.first_s - arrival
+        multi = out > 1
+        tpot = (self.finish_s[multi] - self.first_s[multi]) / (out[multi] - 1)
+
+        def pct(x: np.ndarray, q: float) -> float:
+            return float(np.percentile(x, q)) if x.size else float("nan")
+
+        th = self.machine.thresholds
+        bounds = [(ph.start, ph.stop, ph.label, self.arrivals.phase_start[i]) for i, ph in enumerate(self.reqs.phases)]
+        return SimResult(
+            policy=self.cfg.policy.value,
+            requests=len(self.reqs),
+            sim_seconds=span,
+            req_per_s=len(self.reqs) / span,
+            tok_per_s=float(inp.sum() + out.sum()) / span,
+            out_tok_per_s=float(out.sum()) / span,
+            ttft_p50_s=pct(ttft, 50),
+            ttft_p99_s=pct(ttft, 99),
+            tpot_p50_s=pct(tpot, 50),
+            tpot_p99_s=pct(tpot, 99),
+            preemptions=self.preemptions,
+            mode_switches=self.mode_switches,
+            k_final=None if th.active is Mode.MB else th.effective_k,
+            n_final=th.n,
+            steps=dict(self.steps),
+            prefill_tokens=self.prefill_tokens,
+            decode_tokens=self.decode_tokens,
+            recompute_tokens=self.recompute_tokens,
+            max_kv_tokens=self.max_kv,
+            max_running=self.max_running,
+            finish_s=self.finish_s,
+            arrival_s=arrival,
+            first_token_s=self.first_s,
+            input_len=inp,
+            output_len=out,
+            phase_bounds=bounds,
+            timeline=self.timeline,
+            controller=self.controller,
+            step_log=self.log,
+        )
+
+
+def simulate(profile: HardwareProfile, requests: Requests, config: SimConfig) -> SimResult:
+    """Run one simulation (see :class:`Simulator`)."""
+    return Simulator(profile, requests, config).run()
