@@ -1,0 +1,131 @@
+"""``ebplus simulate`` and ``ebplus bench-sim``: the simulator from the shell.
+
+Heavy imports (numpy, the simulator, matplotlib) happen inside the run
+functions so that ``ebplus --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+POLICIES = ("mb", "eb", "v0", "eb+")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate one policy on a hardware profile and workload",
+        description=(
+            "Simulate one engine replica step by step: the real phase machine picks each step, the "
+            "profile's cost model times it, KV capacity forces vLLM-style preemption, and for online "
+            "policies the real controller (estimator, closed forms, planner) sets k, N and the mode "
+            "from telemetry every 100 completions. Policies: mb = mixed batching (vLLM v1); eb = "
+            "exclusive batching, online k and N unless --k is given; v0 = prefill-first (EB with k=1); "
+            "eb+ = EB or MB as the controller decides. Arrivals: --concurrency C keeps C requests in "
+            "flight (vllm bench serve --max-concurrency), --rate R is Poisson, neither queues every "
+            "request at t=0 (saturated)."
+        ),
+        epilog=(
+            "Profiles: a name from bench/profiles (h200, rtx-pro-6000, l40s, b300) or a YAML file. "
+            "Workloads: a name from bench/workloads (e.g. paper, balanced, decode-heavy, "
+            "distribution-shift), a YAML workload or schedule file, or a JSONL trace with one "
+            '{"input_len": .., "output_len": .., "arrival_s": ..} per line.'
+        ),
+    )
+    p.add_argument("--profile", required=True, metavar="NAME|FILE", help="hardware profile")
+    p.add_argument("--workload", required=True, metavar="NAME|FILE", help="workload, schedule or trace")
+    p.add_argument("--policy", required=True, choices=POLICIES, help="batching policy")
+    p.add_argument("--k", type=_positive_int, default=None, help="fixed EB threshold (with --policy eb)")
+    p.add_argument("--n", type=_positive_int, default=1024, help="max running requests (max_num_seqs; default 1024)")
+    p.add_argument(
+        "--budget", type=_positive_int, default=8192, help="max tokens per step (max_num_batched_tokens; 8192)"
+    )
+    arrivals = p.add_mutually_exclusive_group()
+    arrivals.add_argument("--concurrency", type=_positive_int, default=None, help="closed loop: requests in flight")
+    arrivals.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson requests/s")
+    p.add_argument(
+        "--requests", type=_positive_int, default=None, help="requests (per phase of a schedule; default 2000)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run_simulate)
+
+    b = sub.add_parser(
+        "bench-sim",
+        help="run the simulator benchmark grid and write tables and plots",
+        description=(
+            "Run every profile x setting x policy of the simulator benchmark: synthetic saturated "
+            "workloads (decode-heavy, balanced, prefill-heavy), the paper's (512,256) traffic at "
+            "c = 32/512/2048, and the distribution- and concurrency-shift schedules, under mb, v0, "
+            "EB with the best fixed k (a sweep), online EB and EB+. Writes a markdown table, a JSON "
+            "file and PNG plots to --out."
+        ),
+    )
+    b.add_argument("--out", default="bench/results", help="output directory (default bench/results)")
+    b.add_argument("--profiles", default=None, help="comma-separated profile names (default: all shipped)")
+    b.add_argument("--quick", action="store_true", help="small runs and a coarse sweep (a smoke test, ~1 min)")
+    b.add_argument("--workers", type=_positive_int, default=None, help="processes (default: CPU count)")
+    b.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    b.set_defaults(run=run_bench_sim)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from bench.sim import Policy, SimConfig, simulate
+    from bench.workloads import build_requests, load_source
+    from controller.cost_model import resolve_profile
+
+    profile = resolve_profile(args.profile)
+    source = load_source(args.workload)
+    config = SimConfig(policy=Policy(args.policy), k=args.k, n=args.n, budget=args.budget)
+    reqs = build_requests(source, seed=args.seed, requests=args.requests, concurrency=args.concurrency, rate=args.rate)
+    result = simulate(profile, reqs, config)
+    data = result.as_json()
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    policy = args.policy + (f" (k={args.k})" if args.k else " (online)" if config.online else "")
+    print(f"profile        {profile.name}")
+    print(f"workload       {reqs.name or args.workload}: {', '.join(ph.label for ph in reqs.phases)}")
+    print(f"policy         {policy}, N <= {args.n}, budget {args.budget} tokens/step")
+    print(f"requests       {data['requests']} in {data['sim_seconds']:.1f} simulated s")
+    print(f"throughput     {data['req_per_s']:.2f} req/s, {data['tok_per_s']:.0f} tok/s, "
+          f"{data['out_tok_per_s']:.0f} output tok/s")  # fmt: skip
+    print(f"TTFT p50/p99   {data['ttft_p50_s']:.3f} / {data['ttft_p99_s']:.3f} s")
+    print(f"TPOT p50/p99   {data['tpot_p50_s'] * 1e3:.2f} / {data['tpot_p99_s'] * 1e3:.2f} ms")
+    print(f"preemptions    {data['preemptions']}")
+    print(f"mode switches  {data['mode_switches']}")
+    k = "-" if data["k_final"] is None else data["k_final"]
+    print(f"final k, N     {k}, {data['n_final']}")
+    if len(reqs.phases) > 1:
+        for (_, _, label, _), tps in zip(result.phase_bounds, result.phase_tok_per_s(), strict=True):
+            print(f"  phase {label}: {tps:.0f} tok/s")
+    return 0
+
+
+def run_bench_sim(args: argparse.Namespace) -> int:
+    from bench.bench_sim import main as bench_main
+
+    return bench_main(args)
