@@ -11,37 +11,43 @@ from controller.cost_model import CostModel
 from ebplus.cli import main
 from replicas import profiling
 from replicas.cli import _load_config
+from replicas.profiling import ProfilePlan
 
 TRUE = CostModel(alpha_p=0.02, beta_p=3e-3, alpha_d=0.03, beta_d=1.8e-3, beta_mb=(3e-3, -1.5e-3, 4e-4), alpha_mb=0.025)
 
 
-def synthetic_rows(model: CostModel, noise: float = 0.02, outliers: int = 5, seed: int = 0) -> list[list]:
+def synthetic_rows(model: CostModel, noise: float = 0.01, stalled: float = 0.3, seed: int = 0) -> list[list]:
+    """Three repeats of every profiling shape; a fraction ``stalled`` slowed 3-30x (a shared machine)."""
     rng = random.Random(seed)
-    shapes = [(p, 0) for p in (16, 32, 64, 128, 256, 512, 1024, 2000)] * 3
-    shapes += [(0, d) for d in range(1, 65)] * 2
-    shapes += [(p, m) for m in (4, 16, 48) for p in (8, 32, 128, 512)] * 2
+    shapes = [(p, 0) for p in ProfilePlan().prefill_lengths] + [(c * n, 0) for c, n in ProfilePlan().prefill_packs]
+    shapes += [(0, d) for d in range(1, 65)]
+    shapes += [(p, m) for m in (4, 16, 48) for p in (8, 32, 128, 512)]
     rows = []
-    for p, d in shapes:
-        t = model.step_seconds(p, d) * (1 + rng.gauss(0, noise))
+    for p, d in shapes * 3:
+        t = model.step_seconds(p, d) * (1 + abs(rng.gauss(0, noise)))
+        if rng.random() < stalled:
+            t *= rng.uniform(3, 30)
         rows.append([p, d, d + (p > 0), 0, t, "x"])
-    for i in range(outliers):  # a shared machine stalls now and then
-        rows[7 * i + 3][4] *= 8
     return rows
 
 
-def test_fit_recovers_the_cost_model_despite_outliers() -> None:
-    fit = profiling.fit_profile(synthetic_rows(TRUE))
+def test_fit_recovers_the_cost_model_from_contaminated_rows() -> None:
+    rows = synthetic_rows(TRUE)
+    fit = profiling.fit_profile(rows)
     m = fit.model
     assert set(fit.fitted) == {"prefill", "decode", "mixed"}
-    # 2% noise on multi-second prefill steps leaves the intercept loose: judge it in absolute terms
-    assert m.alpha_p == pytest.approx(TRUE.alpha_p, abs=0.02)
+    assert m.alpha_p == pytest.approx(TRUE.alpha_p, rel=0.25)
     assert m.beta_p == pytest.approx(TRUE.beta_p, rel=0.05)
     assert m.alpha_d == pytest.approx(TRUE.alpha_d, rel=0.1)
     assert m.beta_d == pytest.approx(TRUE.beta_d, rel=0.05)
     for r in (0.05, 0.5, 0.85):
         assert m.beta_mixed(r) == pytest.approx(TRUE.beta_mixed(r), rel=0.15)
-    errors = profiling.residuals(m, synthetic_rows(TRUE, outliers=0))
-    assert max(errors.values()) < 0.05
+    assert max(profiling.residuals(m, rows).values()) < 0.05
+
+
+def test_lower_envelope_keeps_the_fastest_repeat_of_each_shape() -> None:
+    rows = [[64, 0, 1, 0, 0.5, "prefill"], [64, 0, 1, 0, 0.1, "prefill"], [0, 8, 8, 0, 0.2, "decode"]]
+    assert profiling.lower_envelope(rows) == [[64, 0, 1, 0, 0.1, "prefill"], [0, 8, 8, 0, 0.2, "decode"]]
 
 
 def test_fit_refuses_missing_step_kinds() -> None:
