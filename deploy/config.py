@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controller.cost_model import ProfileError, resolve_profile
 from controller.fleet import ControllerConfig
 from replicas.phases import Mode
 
@@ -164,6 +165,13 @@ class ServeConfig(_Section):
             raise ValueError(f"scheduler.k ({k}) must be <= n ({n_eff})")
         if self.replicas.accelerator == "cpu" and self.engine.cpu_kv_cache_gib is None:
             raise ValueError("engine.cpu_kv_cache_gib is required when replicas.accelerator is 'cpu'")
+        for where, name in [("replicas.profile", self.replicas.profile)] + [
+            (f"replicas.profiles.{key}", value) for key, value in self.replicas.profiles.items()
+        ]:
+            try:
+                resolve_profile(name)
+            except ProfileError as exc:
+                raise ValueError(f"{where}: {exc}") from None
         return self
 
 

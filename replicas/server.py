@@ -29,7 +29,8 @@ from controller.telemetry import CompletionRecord, FinishReason, StepRecord, Tel
 from replicas.control import EngineControl
 from replicas.profiles import prior_for_device
 
-logger = logging.getLogger("ebplus.replica")
+# a child of Ray Serve's logger, so lines land in the replica's log with its id
+logger = logging.getLogger("ray.serve.ebplus")
 
 PUSH_TIMEOUT_S = 2.0
 
@@ -44,7 +45,10 @@ class TelemetryOutbox:
         self.dropped_steps = 0
 
     def add(self, completions: list, steps: list, dropped_completions: int = 0, dropped_steps: int = 0) -> None:
-        for buf, items, attr in ((self.completions, completions, "dropped_completions"), (self.steps, steps, "dropped_steps")):
+        for buf, items, attr in (
+            (self.completions, completions, "dropped_completions"),
+            (self.steps, steps, "dropped_steps"),
+        ):
             overflow = max(0, len(buf) + len(items) - buf.maxlen)
             setattr(self, attr, getattr(self, attr) + overflow)
             buf.extend(items)
