@@ -72,6 +72,31 @@ def banner(cfg: ServeConfig) -> str:
     )
 
 
+def start_ray(cfg: ServeConfig, attempts: int = 3) -> None:
+    """Join ``ray.address`` or start a local Ray; retried because Ray gives a new
+    node only 30 s to register, which a loaded 2-core machine can miss."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            if cfg.ray.address:
+                ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, log_to_driver=False)
+            else:
+                ray.init(
+                    num_cpus=cfg.ray.num_cpus,
+                    namespace=cfg.ray.namespace,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    _metrics_export_port=cfg.ray.metrics_export_port,
+                )
+            return
+        except Exception as exc:  # Ray raises a bare Exception for a slow node start
+            if attempt == attempts or "timed out during startup" not in str(exc):
+                raise
+            print(f"[serve] Ray start timed out ({exc}); retrying ({attempt}/{attempts - 1})", flush=True)
+            ray.shutdown()
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:
         cfg = _with_overrides(load_config(args.config), args)
@@ -95,16 +120,7 @@ def run_serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
 
     print("[serve] starting Ray ...", flush=True)
-    if cfg.ray.address:
-        ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, log_to_driver=False)
-    else:
-        ray.init(
-            num_cpus=cfg.ray.num_cpus,
-            namespace=cfg.ray.namespace,
-            include_dashboard=False,
-            log_to_driver=False,
-            _metrics_export_port=cfg.ray.metrics_export_port,
-        )
+    start_ray(cfg)
     try:
         serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
         print("[serve] deploying (engine start-up takes a minute on CPU) ...", flush=True)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, OpenAiIngress, init, make_fastapi_ingress
 
 from deploy import admin
@@ -54,6 +56,16 @@ def make_app(max_body_bytes: int, auth: dict) -> FastAPI:
     """
     app = init()
     app.include_router(admin.router)
+    # Ray's app answers validation errors OpenAI-style (400); /admin keeps FastAPI's
+    # 422 with the offending field's location, as its OpenAPI schema documents.
+    openai_handler = app.exception_handlers[RequestValidationError]
+
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        if request.url.path.startswith("/admin"):
+            return await request_validation_exception_handler(request, exc)
+        return await openai_handler(request, exc)
+
+    app.add_exception_handler(RequestValidationError, validation_error)
     env, path = auth["api_key_env"], auth.get("api_key_file")
     # middleware runs last-added first: the body limit guards everything, then the key
     app.add_middleware(ApiKeyGuard, key=functools.partial(load_secret, env, path))

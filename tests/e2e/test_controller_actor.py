@@ -42,7 +42,7 @@ def wait_for_controller(ray, timeout_s: float = 60.0) -> dict:
 @pytest.mark.timeout(180)
 def test_named_actor_restarts_and_resumes(ray_local) -> None:
     ray = ray_local
-    handle = start_controller({"update_every": 10, "min_samples": 10}, persist_every_s=0.2)
+    handle = start_controller({"update_every": 10, "min_samples": 10, "first_update": 10}, persist_every_s=0.2)
     assert start_controller() is not None  # get_if_exists: the same actor, not a second one
     assert ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)._actor_id == handle._actor_id
 

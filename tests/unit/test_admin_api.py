@@ -174,3 +174,14 @@ def test_state_survives_actor_restart(tmp_path: Path) -> None:
     after = asyncio.run(b.snapshot())
     assert after["version"] == before["version"]
     assert after["replicas"]["r0"]["k"] == 4 and after["estimate"] == before["estimate"]
+
+
+def test_full_ingress_app_keeps_422_for_admin(actor) -> None:
+    """Ray's OpenAI app maps validation errors to 400; /admin must still answer 422 with the field."""
+    from deploy.ingress import make_app
+
+    app = make_app(1 << 20, {"api_key_env": "EBPLUS_TEST_UNSET_KEY", "api_key_file": None})
+    service = admin.AdminService(admin.LocalControllerClient(actor), Secret(TOKEN, "test"), "m")
+    app.dependency_overrides[admin.get_service] = lambda: service
+    r = TestClient(app).put("/admin/overrides", headers=AUTH, json={"replica": "r0", "k": 0})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "k"]
