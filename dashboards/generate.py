@@ -515,10 +515,12 @@ def serving() -> Dashboard:
                     Panel(
                         "Preemptions",
                         "Requests preempted for KV space per second (recomputed later), per Serve replica. EB+ aims "
-                        "for none while N ≤ N*.",
+                        "for none while N ≤ N*. vLLM exports its counter only after the first preemption, so "
+                        "until then the panel shows 0.",
                         [
                             Target(
-                                f"sum by (ReplicaId) (rate({metric('ray_vllm_num_preemptions_total')}[{RATE}]))",
+                                f"sum by (ReplicaId) (rate({metric('ray_vllm_num_preemptions_total')}[{RATE}]))"
+                                " or on() vector(0)",
                                 "{{ReplicaId}}",
                             )
                         ],

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from observability.prom import prometheus  # noqa: F401  (fixture for the live dashboard test)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).with_name("e2e.yaml")
