@@ -421,7 +421,9 @@ class FleetController:
                 continue
             mode = ov.mode or base.mode
             n = ov.n or base.n
-            k = ov.k if ov.k is not None else min(base.k, n)
+            # a pinned k was valid for the N of its day; if the planner has since
+            # lowered N (KV pressure), k follows it down rather than exceed it
+            k = min(ov.k if ov.k is not None else base.k, n)
             active = base.active if mode is Mode.AUTO else mode
             base = ThresholdUpdate(mode=mode, k=k, n=n, version=self.version, active=active)
         return base

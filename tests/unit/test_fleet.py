@@ -209,3 +209,13 @@ def test_forget_stale(fleet: FleetController, clock: FakeClock) -> None:
     fleet.ingest(TelemetryBatch("h200-0"))
     assert fleet.forget_stale(50) == ["rtx-0"]
     assert list(fleet.replicas) == ["h200-0"]
+
+
+def test_pinned_k_follows_a_lowered_n(fleet: FleetController) -> None:
+    """An override's k stays valid when the planner later lowers N below it."""
+    fleet.set_override("rtx-0", k=900)
+    assert fleet.thresholds("rtx-0").k == 900
+    for i in range(3):  # small KV: the next plans cap N far below 900
+        fleet.ingest(TelemetryBatch("rtx-0", completions(100, seed=i), steps(10)))
+    t = fleet.thresholds("rtx-0")
+    assert t.n < 900 and t.k == t.n
