@@ -288,25 +288,24 @@ def robust_linear_fit(
     coef = np.zeros(p)
     prior_w = np.zeros(p)
     floor = 1e-12 * max(float(np.abs(y).max()), 1e-300)
-    for i in range(iterations):
+    lb_scaled = lb * scale
+    for _ in range(iterations):
+        previous = coef
         if prior is None:
-            coef = _weighted_fit(xs, y, weights, lb * scale, np.zeros(p, dtype=bool))
+            coef = _weighted_fit(xs, y, weights, lb_scaled, np.zeros(p, dtype=bool))
         else:
-            w = np.concatenate([weights, prior_w])
-            coef = _weighted_fit(xs_aug, y_aug, w, lb * scale, np.zeros(p, dtype=bool))
+            coef = _weighted_fit(xs_aug, y_aug, np.concatenate([weights, prior_w]), lb_scaled, np.zeros(p, dtype=bool))
+        # converged when no coefficient moved by more than 1e-6 of the largest
+        if np.max(np.abs(coef - previous)) <= 1e-6 * max(float(np.max(np.abs(coef))), 1e-300):
+            break
         resid = y - xs @ coef
-        sigma = max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), floor)
+        dev = np.abs(resid - np.median(resid))
+        sigma = max(1.4826 * float(np.median(dev)), floor)
         cut = 1.345 * sigma
         abs_r = np.abs(resid)
-        new_weights = np.where(abs_r <= cut, 1.0, cut / np.maximum(abs_r, 1e-300))
-        new_prior_w = np.zeros(p) if prior is None else (sigma / np.maximum(sd, 1e-300)) ** 2
-        if (
-            i > 0
-            and np.allclose(new_weights, weights, rtol=1e-6, atol=1e-9)
-            and np.allclose(new_prior_w, prior_w, rtol=1e-3)
-        ):
-            break
-        weights, prior_w = new_weights, new_prior_w
+        weights = np.minimum(1.0, cut / np.maximum(abs_r, 1e-300))
+        if prior is not None:
+            prior_w = (sigma / np.maximum(sd, 1e-300)) ** 2
     return coef / scale
 
 
