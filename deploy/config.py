@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from controller.cost_model import ProfileError, resolve_profile
 from controller.fleet import ControllerConfig
@@ -55,6 +55,16 @@ class EngineSection(_Section):
     )
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="Force the number of KV blocks (tests).")
     extra: dict[str, Any] = Field(default_factory=dict, description="Further vLLM engine kwargs, passed as given.")
+
+    @field_validator("cpu_kv_cache_gib")
+    @classmethod
+    def _whole_gib(cls, value: float | None) -> float | None:
+        # NOTE: vLLM 0.29 parses VLLM_CPU_KVCACHE_SPACE with int(): 0.5 would pass here and
+        # then fail every replica start with "invalid literal for int()". Checked by a
+        # validator rather than the type so the generated JSON schema stays as published.
+        if value is not None and value != int(value):
+            raise ValueError(f"must be a whole number of GiB (vLLM reads it as an integer), got {value:g}")
+        return value
 
     def engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {

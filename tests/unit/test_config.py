@@ -37,6 +37,7 @@ def test_local_is_the_cpu_default() -> None:
         ({"scheduler": {"n": 500}}, "scheduler.n (500) must be <= engine.max_num_seqs (256)"),
         ({"scheduler": {"k": 300}}, "scheduler.k (300) must be <= n (256)"),
         ({"replicas": {"accelerator": "cpu"}}, "engine.cpu_kv_cache_gib is required"),
+        ({"engine": {"cpu_kv_cache_gib": 0.25}}, "engine.cpu_kv_cache_gib: must be a whole number of GiB"),
     ],
 )
 def test_invalid_configs_name_the_field(data: dict, needle: str) -> None:
