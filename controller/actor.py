@@ -121,9 +121,17 @@ class ControllerActor:
             self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
 
     async def _housekeep(self) -> None:
+        last = time.monotonic()
         while True:
             await asyncio.sleep(self.persist_every_s)
+            now = time.monotonic()
+            late, last = now - last - self.persist_every_s, now
             try:
+                if late > 1.0:
+                    # We were not running (process stopped, machine starved): the replicas'
+                    # pushes queued up unanswered, so that silence is ours, not theirs.
+                    logger.warning("controller was paused for %.1f s; replicas are not blamed for it", late)
+                    self.fleet.grace(late)
                 for rid in self.fleet.forget_stale(self.stale_replica_s):
                     logger.info("forgot silent replica %s", rid)
                     self._dirty = True
@@ -157,9 +165,20 @@ class ControllerActor:
         return update.as_dict()
 
     async def ingest(self, batch: TelemetryBatch) -> dict | None:
-        """Absorb a telemetry batch; returns the sender's thresholds, or ``None`` if unknown."""
+        """Absorb a telemetry batch; returns the sender's thresholds, or ``None`` if unknown.
+
+        Never raises: a replica keeps a batch whose push failed and sends it again,
+        so a batch that made ``ingest`` raise would block that replica's telemetry
+        for good. Such a batch is counted (``bad_batch``) and dropped.
+        """
         self._ensure_housekeeping()
-        update = self.fleet.ingest(batch)
+        try:
+            update = self.fleet.ingest(batch)
+        except Exception:
+            logger.exception("rejected a telemetry batch that could not be ingested")
+            self.fleet.rejected["bad_batch"] += 1
+            rid = getattr(batch, "replica_id", None)
+            update = self.fleet.thresholds(rid) if isinstance(rid, str) else None
         self._dirty = True
         return None if update is None else update.as_dict()
 
@@ -202,7 +221,14 @@ class ControllerActor:
         return {"version": version, "estimate": self.fleet.snapshot()["estimate"]}
 
     async def ping(self) -> dict[str, Any]:
-        return {"version": self.fleet.version, "replicas": len(self.fleet.replicas), "restored": self.restored}
+        """Liveness: version, known replicas, whether state was resumed, and the actor's pid
+        (fault-injection tests stop and continue that process)."""
+        return {
+            "version": self.fleet.version,
+            "replicas": len(self.fleet.replicas),
+            "restored": self.restored,
+            "pid": os.getpid(),
+        }
 
 
 def controller_options(max_restarts: int = -1) -> dict[str, Any]:

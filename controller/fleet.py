@@ -32,10 +32,19 @@ from controller.cost_model import CostModel, step_kind
 from controller.estimator import CostFit, CostModelFitter, Estimate, WorkloadEstimator
 from controller.planner import Plan, PlannerConfig, PlannerState, ThresholdPlanner
 from controller.stats import STEP_SECONDS_BUCKETS, UPDATE_SECONDS_BUCKETS, Histogram
-from controller.telemetry import FinishReason, TelemetryBatch, check_completion, check_step
+from controller.telemetry import (
+    MAX_COUNT,
+    FinishReason,
+    TelemetryBatch,
+    check_completion,
+    check_int,
+    check_step,
+)
 from replicas.phases import Mode, ThresholdUpdate
 
 FLEET = "*"
+#: Replicas whose state a controller keeps aside after forgetting them (see ``FleetController.forget``).
+MAX_SAVED_REPLICAS = 64
 
 
 class ControllerConfig(BaseModel):
@@ -143,6 +152,8 @@ class ReplicaState:
     mode_switches: int = 0  # changes of the active policy published to this replica
     engine_stats: dict = field(default_factory=dict)  # cumulative counters reported by the replica
     preemptions_seen: int | None = None  # engine_stats["preemptions"] at the last plan
+    next_completion: int = -1  # running index of the next completion record expected (-1: unknown)
+    next_step: int = -1  # same for step records
     step_seconds: dict[str, Histogram] = field(default_factory=dict)  # by step phase
 
     @property
@@ -151,6 +162,11 @@ class ReplicaState:
 
 
 Clock = Callable[[], float]
+
+
+def _counter_value(v: object) -> bool:
+    """A cumulative engine counter: a finite number in ``[0, MAX_COUNT]`` (seconds may be fractional)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= MAX_COUNT
 
 
 class FleetController:
@@ -244,15 +260,44 @@ class FleetController:
             engine_stats=old.engine_stats if old else {},
             step_seconds=old.step_seconds if old else {},
         )
+        if old is not None:
+            state.next_completion, state.next_step = old.next_completion, old.next_step
+        elif saved is not None:  # where the persisted windows end in this replica's record stream
+            for cursor in ("next_completion", "next_step"):
+                value = check_int(saved.get(cursor), 0, MAX_COUNT)
+                setattr(state, cursor, value if isinstance(value, int) else -1)
+            dropped = saved.get("dropped") or {}
+            state.dropped_completions = self._count(dropped.get("completions", 0))
+            state.dropped_steps = self._count(dropped.get("steps", 0))
         self._registrations += 1
         self.replicas[replica_id] = state
         state.current = self._effective(state)
         return state.current
 
     def forget(self, replica_id: str) -> bool:
-        """Drop a replica (dead or scaled down); its overrides go with it."""
+        """Drop a replica (dead or scaled down); its overrides go with it.
+
+        Its decisions, fitted costs and record cursors are set aside, as a restored
+        controller's are: a replica that was only silent (stalled, or the controller
+        itself was paused) resumes where it was when it registers again instead of
+        starting cold. At most :data:`MAX_SAVED_REPLICAS` are kept (oldest dropped).
+        """
         self.overrides.pop(replica_id, None)
-        return self.replicas.pop(replica_id, None) is not None
+        replica = self.replicas.pop(replica_id, None)
+        if replica is None:
+            return False
+        self._saved.pop(replica_id, None)
+        self._saved[replica_id] = self._replica_state(replica)
+        while len(self._saved) > MAX_SAVED_REPLICAS:
+            self._saved.pop(next(iter(self._saved)))
+        return True
+
+    def grace(self, seconds: float) -> None:
+        """Do not count the last ``seconds`` as silence (see ``forget_stale``): the controller
+        itself was not running (paused, starved), so the replicas could not be heard."""
+        now = self.clock()
+        for replica in self.replicas.values():
+            replica.last_seen = min(now, replica.last_seen + seconds)
 
     def forget_stale(self, max_age_s: float) -> list[str]:
         """Forget replicas silent for longer than ``max_age_s``."""
@@ -269,28 +314,62 @@ class FleetController:
 
         Returns the thresholds the sending replica should run, or ``None`` for an
         unknown replica (the batch is rejected and counted; the replica should
-        register again).
+        register again). Nothing in a batch can make this raise: a field of the
+        wrong shape is counted (``bad_batch``) and ignored, a bad record is counted
+        by reason, and a record already ingested (a late duplicate) is skipped.
         """
         self.received["batches"] += 1
-        replica = self.replicas.get(getattr(batch, "replica_id", None))  # type: ignore[arg-type]
+        rid = getattr(batch, "replica_id", None)
+        replica = self.replicas.get(rid) if isinstance(rid, str) else None
         if replica is None:
             self.rejected["unknown_replica"] += 1
             return None
         replica.last_seen = self.clock()
-        applied = getattr(batch, "applied_version", None)
-        if isinstance(applied, int) and not isinstance(applied, bool) and applied >= 0:
+        applied = check_int(getattr(batch, "applied_version", None), 0, MAX_COUNT)
+        if isinstance(applied, int):
             replica.applied_version = applied
-        replica.dropped_completions += max(0, int(getattr(batch, "dropped_completions", 0) or 0))
-        replica.dropped_steps += max(0, int(getattr(batch, "dropped_steps", 0) or 0))
+        replica.dropped_completions += self._count(getattr(batch, "dropped_completions", 0))
+        replica.dropped_steps += self._count(getattr(batch, "dropped_steps", 0))
         self._ingest_engine_stats(replica, getattr(batch, "extra", None))
-        self._ingest_completions(getattr(batch, "completions", ()) or ())
-        self._ingest_steps(replica, getattr(batch, "steps", ()) or ())
+        completions = self._fresh(replica, "next_completion", batch, "completions", "completions_from")
+        steps = self._fresh(replica, "next_step", batch, "steps", "steps_from")
+        self._ingest_completions(completions)
+        self._ingest_steps(replica, steps)
         if self.workload.update_due():
             self.recompute("periodic")
         elif self._concurrency_moved(replica):
             self.recompute("concurrency")
         self._expire_overrides()
         return replica.current
+
+    def _count(self, value: object) -> int:
+        """A non-negative counter from a batch (0 and ``bad_batch`` counted when it is not one)."""
+        n = check_int(0 if value is None else value, 0, MAX_COUNT)
+        if isinstance(n, str):
+            self.rejected["bad_batch"] += 1
+            return 0
+        return n
+
+    def _fresh(self, replica: ReplicaState, cursor: str, batch: object, name: str, index_name: str) -> tuple:
+        """The records of one kind the controller does not have yet.
+
+        ``<kind>_from`` is the replica's running index of the batch's first record;
+        records below the replica's cursor arrived before (a push that timed out at
+        the replica and was delivered late) and are counted as ``duplicate``.
+        """
+        records = getattr(batch, name, ()) or ()
+        if not isinstance(records, list | tuple):
+            self.rejected["bad_batch"] += 1
+            return ()
+        start = check_int(getattr(batch, index_name, -1), 0, MAX_COUNT)
+        if isinstance(start, str):  # not tracked by this sender (-1), or garbage
+            return tuple(records)
+        seen = getattr(replica, cursor)
+        skip = min(len(records), max(0, seen - start)) if seen >= 0 else 0
+        if skip:
+            self.rejected["duplicate"] += skip
+        setattr(replica, cursor, max(seen, start + len(records)))
+        return tuple(records[skip:])
 
     def _concurrency_moved(self, replica: ReplicaState) -> bool:
         """The replica's load left the range its last plan was made for (k and the EB/MB choice depend on it).
@@ -340,10 +419,7 @@ class FleetController:
         if not isinstance(extra, dict) or "engine_stats" not in extra:
             return
         stats = extra["engine_stats"]
-        if not isinstance(stats, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
-            for k, v in stats.items()
-        ):
+        if not isinstance(stats, dict) or not all(isinstance(k, str) and _counter_value(v) for k, v in stats.items()):
             self.rejected["bad_engine_stats"] += 1
             return
         replica.engine_stats = dict(stats)
@@ -566,29 +642,38 @@ class FleetController:
             "version": self.version,
             "updates": self.updates,
             "workload": self.workload.state(),
+            # replicas set aside (not registered since a restart, or forgotten) are kept too:
+            # a second restart before they register must not lose them
             "replicas": {
-                rid: {
-                    "planner": {
-                        "theta": r.planner.state.theta,
-                        "n_cap": r.planner.state.n_cap,
-                        "active": r.planner.state.active.value,
-                        "since_switch": min(r.planner.state.since_switch, 1 << 30),
-                        "plans": r.planner.state.plans,
-                        "kv_scale": r.planner.state.kv_scale,
-                        "n_obs_at_switch": r.planner.state.n_obs_at_switch,
-                    },
-                    "last_plan": None if r.planner.last is None else r.planner.last.as_dict(),
-                    "cost_model": r.cost_model.model_dump(),
-                    "concurrency": r.concurrency,
-                    "mode_switches": r.mode_switches,
-                }
-                for rid, r in self.replicas.items()
+                **self._saved,
+                **{rid: self._replica_state(r) for rid, r in self.replicas.items()},
             },
             "overrides": {key: ov.as_dict() for key, ov in self.overrides.items()},
             "history": self.history_view(),
             "received": dict(self.received),
             "rejected": dict(self.rejected),
             "update_seconds": self.update_seconds.as_dict(),
+        }
+
+    @staticmethod
+    def _replica_state(r: ReplicaState) -> dict:
+        return {
+            "planner": {
+                "theta": r.planner.state.theta,
+                "n_cap": r.planner.state.n_cap,
+                "active": r.planner.state.active.value,
+                "since_switch": min(r.planner.state.since_switch, 1 << 30),
+                "plans": r.planner.state.plans,
+                "kv_scale": r.planner.state.kv_scale,
+                "n_obs_at_switch": r.planner.state.n_obs_at_switch,
+            },
+            "last_plan": None if r.planner.last is None else r.planner.last.as_dict(),
+            "cost_model": r.cost_model.model_dump(),
+            "concurrency": r.concurrency,
+            "mode_switches": r.mode_switches,
+            "next_completion": r.next_completion,
+            "next_step": r.next_step,
+            "dropped": {"completions": r.dropped_completions, "steps": r.dropped_steps},
         }
 
     def restore(self, state: dict) -> None:

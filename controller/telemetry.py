@@ -20,6 +20,8 @@ MAX_TOKENS_PER_REQUEST = 10_000_000
 MAX_STEP_SECONDS = 600.0
 # KV tokens read by one step above this are treated as corrupt.
 MAX_KV_TOKENS = 10**11
+# Counters (drops, versions, record indices, engine stats) above this are treated as corrupt.
+MAX_COUNT = 2**62
 
 # Every reason a record can be rejected for (exported as zero until seen).
 REJECT_REASONS = (
@@ -33,6 +35,8 @@ REJECT_REASONS = (
     "empty_step",
     "unknown_replica",
     "bad_engine_stats",
+    "bad_batch",  # a batch field of the wrong shape (records not a list, a counter not a count)
+    "duplicate",  # a record the controller already has (a timed-out push delivered late)
 )
 
 
@@ -77,6 +81,12 @@ class TelemetryBatch:
     ``applied_version`` is the threshold version the replica's scheduler runs, so
     the controller (and the admin API) can show whether a decision has landed.
     ``dropped_*`` count records lost to full buffers since the last batch.
+
+    ``completions_from`` / ``steps_from`` are the replica's running index of the
+    batch's first record of each kind (-1: not tracked). A push that timed out may
+    still be delivered after the replica re-sent its records in a later batch (a
+    hung controller works off its queue when it resumes); the indices let the
+    controller skip what it already has instead of counting it twice.
     """
 
     replica_id: str
@@ -87,10 +97,12 @@ class TelemetryBatch:
     dropped_steps: int = 0
     sent_at: float = 0.0
     extra: dict = field(default_factory=dict)
+    completions_from: int = -1
+    steps_from: int = -1
 
 
-def _int_field(record: Any, name: str, lo: int, hi: int) -> int | str:
-    value = getattr(record, name, None) if not isinstance(record, dict) else record.get(name)
+def check_int(value: Any, lo: int, hi: int) -> int | str:
+    """``value`` as an int in ``[lo, hi]``, or the reason it is not one."""
     if value is None:
         return "missing_field"
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -104,6 +116,11 @@ def _int_field(record: Any, name: str, lo: int, hi: int) -> int | str:
     if value > hi:
         return "absurd_value"
     return int(value)
+
+
+def _int_field(record: Any, name: str, lo: int, hi: int) -> int | str:
+    value = getattr(record, name, None) if not isinstance(record, dict) else record.get(name)
+    return check_int(value, lo, hi)
 
 
 def check_completion(record: Any) -> CompletionRecord | str:

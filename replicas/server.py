@@ -36,21 +36,26 @@ PUSH_TIMEOUT_S = 2.0
 
 
 class TelemetryOutbox:
-    """Records waiting to reach the controller, bounded; overflow drops the oldest and counts."""
+    """Records waiting to reach the controller, bounded; overflow drops the oldest and counts.
+
+    Each record has a running index in this replica's stream of its kind;
+    ``*_from`` is the index of the oldest record held. A batch carries it, so a
+    controller that receives a timed-out push late skips what it already has.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.completions: deque[CompletionRecord] = deque(maxlen=capacity)
         self.steps: deque[StepRecord] = deque(maxlen=capacity)
         self.dropped_completions = 0
         self.dropped_steps = 0
+        self.completions_from = 0
+        self.steps_from = 0
 
     def add(self, completions: list, steps: list, dropped_completions: int = 0, dropped_steps: int = 0) -> None:
-        for buf, items, attr in (
-            (self.completions, completions, "dropped_completions"),
-            (self.steps, steps, "dropped_steps"),
-        ):
+        for buf, items, kind in ((self.completions, completions, "completions"), (self.steps, steps, "steps")):
             overflow = max(0, len(buf) + len(items) - buf.maxlen)
-            setattr(self, attr, getattr(self, attr) + overflow)
+            setattr(self, f"dropped_{kind}", getattr(self, f"dropped_{kind}") + overflow)
+            setattr(self, f"{kind}_from", getattr(self, f"{kind}_from") + overflow)
             buf.extend(items)
         self.dropped_completions += dropped_completions
         self.dropped_steps += dropped_steps
@@ -65,10 +70,14 @@ class TelemetryOutbox:
             dropped_steps=self.dropped_steps,
             sent_at=time.time(),
             extra={"engine_stats": engine_stats},
+            completions_from=self.completions_from,
+            steps_from=self.steps_from,
         )
 
     def clear(self) -> None:
         """The controller has the batch: forget it (drop counters were reported with it)."""
+        self.completions_from += len(self.completions)
+        self.steps_from += len(self.steps)
         self.completions.clear()
         self.steps.clear()
         self.dropped_completions = 0
@@ -104,6 +113,7 @@ class EBPlusServer(LLMServer):
         self._loop_task: asyncio.Task | None = None
         self._pushes = 0
         self._push_failures = 0
+        self._queue = (0, 0)  # (running, waiting) after the newest engine step seen
         await super().__init__(llm_config, **kwargs)
 
     async def start(self) -> None:
@@ -128,31 +138,42 @@ class EBPlusServer(LLMServer):
     async def _push_once(self) -> None:
         assert self._control is not None
         drained = await self._control.drain()
+        steps = drained["steps"]
+        self._queue = (int(steps[-1][2]), int(steps[-1][3])) if steps else (0, 0)
         self._outbox.add(
             [to_completion(c) for c in drained["completions"]],
             [to_step(s) for s in drained["steps"]],
             drained["dropped_completions"],
             drained["dropped_steps"],
         )
-        controller = self._controller_handle()
+        controller = await self._controller_handle()
         if controller is None:
             return
         try:
             if not self._registered:
                 await self._register(controller, drained)
-            batch = self._outbox.batch(self._replica_id, self._applied.get("version", 0), drained["stats"])
-            reply = await asyncio.wait_for(controller.ingest.remote(batch), PUSH_TIMEOUT_S)
+            reply = await self._ingest(controller, drained)
+            if reply is None:
+                # The controller does not know us: it restarted (our saved state waits for us
+                # to register) or forgot us. Register and send the same records again now, so
+                # they are not lost and we converge within this push, not the next one.
+                await self._register(controller, drained)
+                reply = await self._ingest(controller, drained)
         except Exception as exc:  # controller restarting or slow: keep the records, keep serving
             self._push_failures += 1
             self._controller = None
             logger.warning("controller unreachable from %s: %s", self._replica_id, exc)
             return
-        self._pushes += 1
-        self._outbox.clear()
-        if reply is None:  # the controller does not know us (restarted without state, or forgot us)
+        if reply is None:  # still unknown: keep the records, register again next time
             self._registered = False
             return
+        self._pushes += 1
+        self._outbox.clear()
         await self._apply(reply)
+
+    async def _ingest(self, controller: Any, drained: dict) -> dict | None:
+        batch = self._outbox.batch(self._replica_id, self._applied.get("version", 0), drained["stats"])
+        return await asyncio.wait_for(controller.ingest.remote(batch), PUSH_TIMEOUT_S)
 
     async def _register(self, controller: Any, drained: dict) -> None:
         settings = self._ebplus
@@ -177,11 +198,12 @@ class EBPlusServer(LLMServer):
         assert self._control is not None
         self._applied = await self._control.apply(update)
 
-    def _controller_handle(self) -> Any:
+    async def _controller_handle(self) -> Any:
         if self._controller is None:
             from controller.actor import get_controller
 
-            self._controller = get_controller()
+            # a GCS round trip: off the event loop that streams responses
+            self._controller = await asyncio.to_thread(get_controller)
         return self._controller
 
     # -- callable through the deployment handle ------------------------------
@@ -193,6 +215,8 @@ class EBPlusServer(LLMServer):
             "replica_id": self._replica_id,
             "applied": await self._control.applied(),
             "registered": self._registered,
+            "running": self._queue[0],
+            "waiting": self._queue[1],
             "pushes": self._pushes,
             "push_failures": self._push_failures,
             "outbox": {"completions": len(self._outbox.completions), "steps": len(self._outbox.steps)},
