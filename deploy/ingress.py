@@ -8,17 +8,23 @@ serves everything.
 from __future__ import annotations
 
 import functools
+import logging
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
+from ray.exceptions import RayActorError
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, OpenAiIngress, init, make_fastapi_ingress
 
 from deploy import admin
 from deploy.admin import AdminService, RayControllerClient
 from deploy.auth import load_secret
-from deploy.middleware import ApiKeyGuard, BodySizeLimit
+from deploy.middleware import ApiKeyGuard, BodySizeLimit, ErrorResponses, JsonBodyGuard
+
+logger = logging.getLogger("ray.serve.ebplus")
 
 # The OpenAI routes of a text-generation deployment (no embeddings/audio/score).
 OPENAI_ENDPOINTS = {
@@ -47,6 +53,31 @@ class EBPlusIngress(OpenAiIngress):
         admin_token = load_secret(auth["admin_token_env"], auth.get("admin_token_file"))
         admin.install_service(AdminService(RayControllerClient(), admin_token, model_id))
 
+    async def _get_response(self, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        """The model's answer stream; a replica that dies under a request becomes a 503, not a 500.
+
+        Serve re-routes a request whose replica died before accepting it. One that
+        was already running there fails with ``ActorDiedError``, which the stock
+        ingress answers with a 500 - and a stream that had started just stops, with
+        no ``[DONE]`` and no error, so a client takes a cut-off answer for a whole
+        one. Here the failure becomes an OpenAI error with code 503: before the
+        first chunk a 503 response (with ``Retry-After``: safe to retry, nothing was
+        returned), after it an error event that ends the stream (the OpenAI client
+        raises ``APIError``; what was already streamed is incomplete).
+        """
+        try:
+            async for response in super()._get_response(**kwargs):
+                yield response
+        except RayActorError as exc:
+            logger.warning("replica failed under a request: %s", str(exc).splitlines()[0])
+            yield ErrorResponse(
+                error=ErrorInfo(
+                    message="the model replica serving this request failed; retry the request",
+                    type="ServiceUnavailable",
+                    code=503,
+                )
+            )
+
 
 def make_app(max_body_bytes: int, auth: dict) -> FastAPI:
     """The FastAPI app behind the ingress: Ray's OpenAI app, our routes, our guards.
@@ -67,9 +98,12 @@ def make_app(max_body_bytes: int, auth: dict) -> FastAPI:
 
     app.add_exception_handler(RequestValidationError, validation_error)
     env, path = auth["api_key_env"], auth.get("api_key_file")
-    # middleware runs last-added first: the body limit guards everything, then the key
+    # middleware runs last-added first: error answers wrap everything, the body limit
+    # guards the rest, then the key, then the body's encoding (only for callers with a key)
+    app.add_middleware(JsonBodyGuard)
     app.add_middleware(ApiKeyGuard, key=functools.partial(load_secret, env, path))
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.add_middleware(ErrorResponses)
     return app
 
 

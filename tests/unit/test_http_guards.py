@@ -80,3 +80,146 @@ def test_secret_sources_and_redaction(tmp_path: Path, monkeypatch: pytest.Monkey
 )
 def test_bearer_token_parsing(header: str | None, token: str | None) -> None:
     assert bearer_token(header) == token
+
+
+# -- hostile bodies and error answers (issue #7) ------------------------------------
+
+
+def guarded_app() -> TestClient:
+    from fastapi.responses import PlainTextResponse
+
+    from deploy.middleware import ErrorResponses, JsonBodyGuard
+
+    app = FastAPI()
+
+    @app.post("/v1/echo")
+    async def echo(request: Request) -> dict:
+        return {"n": len(await request.body())}
+
+    @app.post("/admin/echo")
+    async def admin_echo(request: Request) -> dict:
+        return {"n": len(await request.body())}
+
+    @app.get("/busy")
+    async def busy() -> PlainTextResponse:  # what Ray Serve answers over max_queued_requests
+        return PlainTextResponse("Request dropped due to backpressure (num_queued_requests=8, max_queued_requests=8).", 503)
+
+    @app.get("/crash")
+    async def crash() -> PlainTextResponse:
+        return PlainTextResponse('Traceback: File "/srv/secret/path.py", pid=1234', 500, headers={"x-request-id": "r-1"})
+
+    @app.get("/slow-down")
+    async def slow_down() -> PlainTextResponse:
+        return PlainTextResponse("later", 429, headers={"Retry-After": "7"})
+
+    @app.get("/stream")
+    async def stream() -> StreamingResponse:
+        return StreamingResponse(iter([b"data: 1\n\n", b"data: [DONE]\n\n"]), media_type="text/event-stream")
+
+    app.add_middleware(JsonBodyGuard)
+    app.add_middleware(ErrorResponses)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "needle"),
+    [
+        (b'{"prompt": "\\ud800"}', "application/json", 400, "lone UTF-16 surrogate"),
+        (b'{"prompt": ["ok", {"k": "\\udfff"}]}', "application/json", 400, "lone UTF-16 surrogate"),
+        (b'{"prompt": "\xff\xfe"}', "application/json", 400, "not valid UTF-8"),
+        (b'{"max_tokens": 1e400}', "application/json", 400, "out of range"),
+        (b'{"temperature": NaN}', "application/json", 400, "NaN is not a JSON number"),
+        (b'{"temperature": -Infinity}', "application/json", 400, "-Infinity is not a JSON number"),
+        (b"model=tiny", "application/x-www-form-urlencoded", 415, "must be application/json"),
+        (b"\xff\xfe", "text/plain", 415, "must be application/json"),
+    ],
+)
+def test_bodies_the_stack_would_choke_on_are_4xx_with_a_reason(
+    body: bytes, content_type: str, status: int, needle: str
+) -> None:
+    c = guarded_app()
+    r = c.post("/v1/echo", content=body, headers={"content-type": content_type})
+    assert r.status_code == status and needle in r.json()["error"]["message"], r.text
+    r = c.post("/admin/echo", content=body, headers={"content-type": content_type})
+    assert r.status_code == (422 if status == 400 else status) and needle in r.json()["detail"][0]["msg"], r.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"prompt": "\\ud83d\\ude00 paired surrogates are fine"}',
+        b'{"prompt": "a literal backslash-u: \\\\ud800"}',
+        b'{"prompt": "\xc3\xa9t\xc3\xa9", "max_tokens": 1e3}',
+        b"{not json",  # syntax errors are the application's to answer
+        b"",
+    ],
+)
+def test_valid_or_syntax_error_bodies_pass_through(body: bytes) -> None:
+    r = guarded_app().post("/v1/echo", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json() == {"n": len(body)}
+
+
+def test_back_pressure_gets_retry_after_and_json() -> None:
+    c = guarded_app()
+    r = c.get("/busy")
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["message"].startswith("Request dropped due to backpressure")
+    r = c.get("/slow-down")
+    assert r.status_code == 429 and r.headers["retry-after"] == "7"  # an existing value is kept
+
+
+def test_server_errors_do_not_leak_internals() -> None:
+    r = guarded_app().get("/crash")
+    assert r.status_code == 500
+    assert "/srv/secret" not in r.text and "pid" not in r.text
+    assert r.json()["error"]["message"] == "internal error (request id r-1); the server log has the details"
+
+
+def test_streams_pass_through_the_error_filter() -> None:
+    r = guarded_app().get("/stream")
+    assert r.status_code == 200 and r.text == "data: 1\n\ndata: [DONE]\n\n"
+
+
+def test_full_ingress_app_refuses_hostile_bodies_before_the_handlers() -> None:
+    """The same on the real app (Ray's OpenAI app + /admin); these were 500s on the live deployment."""
+    from deploy.ingress import make_app
+
+    c = TestClient(make_app(1 << 20, {"api_key_env": "EBPLUS_TEST_UNSET_KEY", "api_key_file": None}))
+    r = c.post("/v1/completions", content=b'{"model": "m", "prompt": "\\ud800"}', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
+    r = c.put("/admin/overrides", content=b"\xff", headers={"content-type": "text/plain"})
+    assert r.status_code == 415
+    r = c.put("/admin/overrides", content=b'{"replica": "*", "k": 1e400}', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"]
+
+
+@pytest.mark.parametrize("chunks_before", [0, 2])
+def test_replica_death_becomes_a_503_error_not_a_500_or_a_cut_stream(monkeypatch: pytest.MonkeyPatch, chunks_before: int) -> None:
+    """The ingress turns ActorDiedError under a request into an OpenAI error with code 503.
+
+    Before the first chunk Ray's ingress answers it as a 503 response (retryable); after it, the
+    stream carries an error event. The live fault is in tests/e2e/test_reliability.py.
+    """
+    import asyncio
+
+    from ray.exceptions import ActorDiedError
+    from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
+    from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
+
+    from deploy.ingress import EBPlusIngress
+
+    async def dying(self, **kwargs):
+        for i in range(chunks_before):
+            yield f"chunk {i}"
+        raise ActorDiedError()
+
+    monkeypatch.setattr(ray_ingress.OpenAiIngress, "_get_response", dying)
+
+    async def collect() -> list:
+        ingress = object.__new__(EBPlusIngress)
+        return [r async for r in ingress._get_response(body=None, call_method="completions")]
+
+    out = asyncio.run(collect())
+    assert out[:chunks_before] == [f"chunk {i}" for i in range(chunks_before)]
+    (err,) = out[chunks_before:]
+    assert isinstance(err, ErrorResponse) and err.error.code == 503 and "retry" in err.error.message
