@@ -54,9 +54,12 @@ def _with_overrides(cfg: ServeConfig, args: argparse.Namespace) -> ServeConfig:
     return cfg.model_copy(update={"http": http})
 
 
-def banner(cfg: ServeConfig) -> str:
+def banner(cfg: ServeConfig, ray_address: str | None = None) -> str:
     host = "127.0.0.1" if cfg.http.host in ("0.0.0.0", "::") else cfg.http.host
     base = f"http://{host}:{cfg.http.port}"
+    # NOTE: the exact GCS address, so a driver (tests, an operator's shell) attaches to
+    # this cluster rather than to whichever Ray started last on the machine ("auto").
+    cluster = [] if ray_address is None else [f"  Ray cluster  {ray_address}   (ray.init(address=...), namespace {cfg.ray.namespace!r})"]
     return "\n".join(
         [
             f"EB+ Serve is up: model {cfg.model.id!r}, {cfg.replicas.num_replicas} replica(s), mode {cfg.scheduler.mode.value}",
@@ -64,6 +67,7 @@ def banner(cfg: ServeConfig) -> str:
             f"  admin        {base}/admin/thresholds   (mutations need Authorization: Bearer ${cfg.auth.admin_token_env})",
             f"  metrics      {base}/metrics",
             f"  Ray metrics  http://{host}:{cfg.ray.metrics_export_port}/metrics",
+            *cluster,
             "  try:",
             f"    curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' \\",
             f"      -d '{{\"model\": \"{cfg.model.id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}], \"max_tokens\": 32}}'",
@@ -127,7 +131,7 @@ def run_serve(args: argparse.Namespace) -> int:
         started = time.monotonic()
         serve.run(build(cfg, model_source=source), name=APP_NAME, route_prefix="/", blocking=False)
         print(f"[serve] deployed in {time.monotonic() - started:.0f} s", flush=True)
-        print(banner(cfg), flush=True)
+        print(banner(cfg, ray.get_runtime_context().gcs_address), flush=True)
         while not stop.wait(1.0):
             pass
         print("[serve] shutting down ...", flush=True)

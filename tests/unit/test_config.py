@@ -76,3 +76,12 @@ def test_json_schema_covers_every_section() -> None:
         "http",
         "ray",
     }
+
+
+def test_serve_banner_names_the_ray_cluster() -> None:
+    """A driver (fault tests, an operator's shell) needs this cluster's address, not Ray's "auto"."""
+    from deploy.cli import banner
+
+    cfg = load_config(ROOT / "deploy" / "local.yaml")
+    assert "Ray cluster  10.0.0.5:6379" in banner(cfg, "10.0.0.5:6379")
+    assert "Ray cluster" not in banner(cfg)
