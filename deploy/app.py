@@ -40,9 +40,20 @@ def model_path(cfg: ServeConfig, build: bool = False) -> str:
     return str(cache / dirnames[name])
 
 
+def request_limits(cfg: ServeConfig) -> dict[str, str]:
+    """vLLM's per-request fan-out limits, for the ingress (which parses requests) and the replicas.
+
+    vLLM accepts ``n`` (choices per prompt) up to 16,384 and 1,024 prompts per
+    completion request by default: one request could ask a replica for millions of
+    sequences. Neither can usefully exceed the sequences the engine runs at once.
+    """
+    cap = str(cfg.engine.max_num_seqs)
+    return {"VLLM_MAX_N_SEQUENCES": cap, "VLLM_MAX_COMPLETION_PROMPTS": cap}
+
+
 def engine_env(cfg: ServeConfig) -> dict[str, str]:
     """Environment of the replica processes (vLLM's and the scheduler's start-up settings)."""
-    env = {"EBPLUS_MODE": cfg.scheduler.mode.value}
+    env = {"EBPLUS_MODE": cfg.scheduler.mode.value, **request_limits(cfg)}
     if cfg.scheduler.k is not None:
         env["EBPLUS_K"] = str(cfg.scheduler.k)
     if cfg.scheduler.n is not None:
@@ -121,7 +132,10 @@ def build(cfg: ServeConfig, model_source: str | None = None):
     options.update(
         name="EBPlusIngress",
         num_replicas=cfg.http.ingress_replicas,
-        ray_actor_options={"num_cpus": cfg.http.ingress_num_cpus},
+        ray_actor_options={
+            "num_cpus": cfg.http.ingress_num_cpus,
+            "runtime_env": {"env_vars": request_limits(cfg)},
+        },
     )
     options.pop("autoscaling_config", None)
     ingress = serve.deployment(ingress_class(cfg.http.max_body_bytes, auth), **options)

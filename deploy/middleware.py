@@ -85,15 +85,21 @@ class _TooLarge(Exception):
     pass
 
 
+#: The model's routes: the OpenAI API and vLLM's tokenizer routes (they run the model's tokenizer too).
+MODEL_ROUTES = ("/v1", "/tokenize", "/detokenize")
+
+
 class ApiKeyGuard:
-    """Require ``Authorization: Bearer <api key>`` on ``/v1`` when an API key is configured.
+    """Require ``Authorization: Bearer <api key>`` on the model's routes when an API key is configured.
 
     ``key`` is a :class:`Secret` or a zero-argument loader called on first use,
     so the key is read in the serving process (from its environment or secret
     file) instead of travelling inside the pickled application.
     """
 
-    def __init__(self, app: ASGIApp, key: Secret | Callable[[], Secret], prefix: str = "/v1") -> None:
+    def __init__(
+        self, app: ASGIApp, key: Secret | Callable[[], Secret], prefix: str | tuple[str, ...] = MODEL_ROUTES
+    ) -> None:
         self.app = app
         self._key = key
         self.prefix = prefix

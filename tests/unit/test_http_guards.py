@@ -223,3 +223,27 @@ def test_replica_death_becomes_a_503_error_not_a_500_or_a_cut_stream(monkeypatch
     assert out[:chunks_before] == [f"chunk {i}" for i in range(chunks_before)]
     (err,) = out[chunks_before:]
     assert isinstance(err, ErrorResponse) and err.error.code == 503 and "retry" in err.error.message
+
+
+def test_api_key_also_guards_the_tokenizer_routes() -> None:
+    """/tokenize and /detokenize run the model's tokenizer: they need the key like /v1."""
+    app = FastAPI()
+
+    @app.post("/tokenize")
+    async def tokenize() -> dict:
+        return {"tokens": [1]}
+
+    app.add_middleware(ApiKeyGuard, key=Secret("key-1", "test"))
+    c = TestClient(app)
+    assert c.post("/tokenize", json={}).status_code == 401
+    assert c.post("/tokenize", json={}, headers={"Authorization": "Bearer key-1"}).status_code == 200
+
+
+def test_request_fan_out_is_bounded_by_the_engine() -> None:
+    """n and the prompts per request are capped at max_num_seqs (vLLM: 16,384 and 1,024 by default)."""
+    from deploy.app import engine_env, request_limits
+    from deploy.config import parse_config
+
+    cfg = parse_config({"engine": {"max_num_seqs": 48}})
+    assert request_limits(cfg) == {"VLLM_MAX_N_SEQUENCES": "48", "VLLM_MAX_COMPLETION_PROMPTS": "48"}
+    assert engine_env(cfg)["VLLM_MAX_N_SEQUENCES"] == "48"
