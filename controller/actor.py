@@ -180,6 +180,14 @@ class ControllerActor:
             rid = getattr(batch, "replica_id", None)
             update = self.fleet.thresholds(rid) if isinstance(rid, str) else None
         self._dirty = True
+        if self.fleet.version != self._persisted_version:
+            # A new decision is persisted before any replica hears of it: a restart then
+            # never re-issues a published version number with different thresholds.
+            # (One snapshot per re-estimation, every update_every completions: cheap.)
+            try:
+                self.persist()
+            except Exception:  # the store is down: serve on, the housekeeping loop retries
+                logger.exception("could not persist the controller state")
         return None if update is None else update.as_dict()
 
     # -- operator-facing ---------------------------------------------------

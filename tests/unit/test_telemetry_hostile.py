@@ -170,3 +170,16 @@ def test_actor_ingest_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) ->
     reply = asyncio.run(actor.ingest(TelemetryBatch("r0", comps(3))))
     assert reply is not None and reply["n"] >= 1
     assert actor.fleet.rejected["bad_batch"] == 1
+
+
+def test_a_new_version_is_persisted_before_it_is_published(tmp_path) -> None:
+    """Found by killing the live controller: a restart from a snapshot older than the last decision
+    re-issued that decision's version number with other thresholds."""
+    from controller.actor import StateStore
+
+    actor = ControllerActor({"update_every": 10, "first_update": 10, "min_samples": 10}, state_dir=str(tmp_path), housekeeping=False)
+    asyncio.run(actor.register("r0", "auto", 100_000, 64, PRIOR.model_dump(), "cpu"))
+    reply = asyncio.run(actor.ingest(TelemetryBatch("r0", comps(12), completions_from=0)))
+    assert reply["version"] == 1
+    saved = StateStore(str(tmp_path)).load()
+    assert saved["version"] == 1 and saved["replicas"]["r0"]["last_plan"]["k"] == reply["k"]
