@@ -1,0 +1,187 @@
+"""End to end: EB+ (mode ``auto``) against MB on the local deployment, same request set.
+
+    python -m bench.e2e_bench [--config deploy/local.yaml] [--modes mb,auto]
+                              [--num-prompts 256] [--max-concurrency 32]
+                              [--input-len 256] [--output-len 128] [--range-ratio 0.5]
+                              [--out bench/results/e2e-cpu-smollm2.md]
+
+For each mode the script starts ``ebplus serve`` (the real CLI, in a subprocess)
+with the config's ``scheduler.mode`` replaced, waits until it serves, sends a
+short warm-up, then runs vLLM's own serving benchmark (``vllm bench serve``'s
+code, ``vllm.benchmarks.serve``) against ``/v1/completions`` with a fixed seed
+and ``ignore_eos``, so every mode decodes exactly the same tokens. It reports
+output and total tokens/s, TTFT and TPOT percentiles and, for ``auto``, what the
+controller decided. Modes run one after the other on the same machine, so the
+ratio is the figure to read; absolute numbers move with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from deploy.app import model_path
+from deploy.config import load_config
+
+PORT = 18200
+RAY_METRICS_PORT = 18280
+START_TIMEOUT_S = 900
+
+
+def _serve(config_path: Path, log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
+    return subprocess.Popen(
+        [sys.executable, "-m", "ebplus.cli", "serve", "--config", str(config_path)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _wait_ready(base: str, proc: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ebplus serve exited ({proc.returncode}); see {log_path}")
+        try:
+            if httpx.get(f"{base}/v1/models", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"deployment not ready after {START_TIMEOUT_S} s; see {log_path}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _bench_args(args: argparse.Namespace, base: str, model_id: str, tokenizer: str, result_dir: Path, mode: str):
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    argv = [
+        "--backend", "openai", "--base-url", base, "--endpoint", "/v1/completions",
+        "--model", model_id, "--tokenizer", tokenizer,
+        "--dataset-name", "random", "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len), "--random-range-ratio", str(args.range_ratio),
+        "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.max_concurrency),
+        "--seed", "0", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl",
+        "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(result_dir),
+        "--result-filename", f"{mode}.json", "--disable-tqdm",
+    ]  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
+    """One deployment in ``mode``, warmed up, benchmarked, stopped."""
+    from vllm.benchmarks.serve import main as bench_main
+
+    cfg = yaml.safe_load(Path(args.config).read_text())
+    cfg.setdefault("scheduler", {})["mode"] = mode
+    cfg.setdefault("http", {}).update(host="127.0.0.1", port=PORT)
+    cfg.setdefault("ray", {})["metrics_export_port"] = RAY_METRICS_PORT
+    config_path = workdir / f"{mode}.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    served = load_config(config_path)
+    base = f"http://127.0.0.1:{PORT}"
+    log_path = workdir / f"serve-{mode}.log"
+    print(f"[e2e] {mode}: starting the deployment (log {log_path})", flush=True)
+    proc = _serve(config_path, log_path)
+    try:
+        _wait_ready(base, proc, log_path)
+        for i in range(8):  # warm-up: first steps of a fresh engine are slow
+            httpx.post(
+                f"{base}/v1/completions",
+                json={"model": served.model.id, "prompt": f"warm up {i}", "max_tokens": 8},
+                timeout=300,
+            )
+        print(
+            f"[e2e] {mode}: benchmarking {args.num_prompts} requests at concurrency {args.max_concurrency}", flush=True
+        )
+        result = bench_main(_bench_args(args, base, served.model.id, model_path(served), workdir, mode))
+        admin = httpx.get(f"{base}/admin/thresholds", timeout=30).json()
+    finally:
+        _stop(proc)
+    replica = next(iter(admin["replicas"].values()), {})
+    return {
+        "mode": mode,
+        "output_tok_per_s": result["output_throughput"],
+        "total_tok_per_s": result["total_token_throughput"],
+        "req_per_s": result["request_throughput"],
+        "completed": result["completed"],
+        "failed": result.get("failed", 0),
+        "ttft_p50_ms": result["p50_ttft_ms"],
+        "ttft_p99_ms": result["p99_ttft_ms"],
+        "tpot_p50_ms": result["p50_tpot_ms"],
+        "tpot_p99_ms": result["p99_tpot_ms"],
+        "final": {key: replica.get(key) for key in ("mode", "active", "k", "n", "version")},
+    }
+
+
+def table(rows: list[dict], command: str) -> str:
+    base = next((r for r in rows if r["mode"] == "mb"), rows[0])
+    lines = [
+        f"Command: `{command}`",
+        "",
+        "| mode | output tok/s | total tok/s | vs mb | req/s | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | failed | final (active, k, N) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        f = r["final"]
+        lines.append(
+            f"| {r['mode']} | {r['output_tok_per_s']:.1f} | {r['total_tok_per_s']:.1f} | "
+            f"{r['total_tok_per_s'] / base['total_tok_per_s']:.3f} | {r['req_per_s']:.2f} | "
+            f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.0f} / {r['tpot_p99_ms']:.0f} | "
+            f"{r['failed']} | {f.get('active')}, {f.get('k')}, {f.get('n')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="deploy/local.yaml", help="base deployment config")
+    parser.add_argument("--modes", default="mb,auto", help="comma-separated scheduler modes (mb,eb,v0,auto)")
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--max-concurrency", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--range-ratio", type=float, default=0.5, help="uniform jitter of both lengths (+-)")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/e2e-cpu-smollm2.md"))
+    args = parser.parse_args(argv)
+    command = "python -m bench.e2e_bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ebplus-e2e-") as tmp:
+        for mode in args.modes.split(","):
+            rows.append(run_mode(args, mode.strip(), Path(tmp)))
+            print(json.dumps(rows[-1]), flush=True)
+    text = table(rows, command.strip())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
