@@ -247,3 +247,26 @@ def test_request_fan_out_is_bounded_by_the_engine() -> None:
     cfg = parse_config({"engine": {"max_num_seqs": 48}})
     assert request_limits(cfg) == {"VLLM_MAX_N_SEQUENCES": "48", "VLLM_MAX_COMPLETION_PROMPTS": "48"}
     assert engine_env(cfg)["VLLM_MAX_N_SEQUENCES"] == "48"
+
+
+def test_token_comparison_is_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every credential check goes through hmac.compare_digest (no early exit on the first wrong byte)."""
+    import hmac
+
+    from deploy import auth
+
+    calls = []
+    real = hmac.compare_digest
+
+    def spy(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
+    secret = Secret("s3cret", "test")
+    assert secret.matches("s3cret") and not secret.matches("s3creX") and not secret.matches("x")
+    assert calls == [(b"s3cret", b"s3cret"), (b"s3cret", b"s3creX"), (b"s3cret", b"x")]
+    c = app_with("key-1")  # the /v1 guard uses the same comparison
+    calls.clear()
+    assert c.post("/v1/echo", content=b"{}", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert calls == [(b"key-1", b"nope")]
