@@ -15,9 +15,11 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from ray.exceptions import RayActorError
-from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ErrorInfo, ErrorResponse
 from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, OpenAiIngress, init, make_fastapi_ingress
+from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
 
 from deploy import admin
 from deploy.admin import AdminService, RayControllerClient
@@ -65,6 +67,10 @@ class EBPlusIngress(OpenAiIngress):
         returned), after it an error event that ends the stream (the OpenAI client
         raises ``APIError``; what was already streamed is incomplete).
         """
+        problem = _chat_body_problem(kwargs.get("body"))
+        if problem is not None:
+            yield ErrorResponse(error=ErrorInfo(message=problem, type="BadRequestError", code=400))
+            return
         try:
             async for response in super()._get_response(**kwargs):
                 yield response
@@ -77,6 +83,60 @@ class EBPlusIngress(OpenAiIngress):
                     code=503,
                 )
             )
+
+
+def _chat_body_problem(body: Any) -> str | None:
+    """Why Ray's chat-request sanitiser would fail on ``body`` (a 500 there), or ``None``.
+
+    Content parts are validated lazily (pydantic's ``ValidatorIterator``): a part
+    like ``null`` passes request parsing and fails when the stock ingress lists
+    them, with a ValueError answered as a 500. Listing them here first (idempotent)
+    turns that into a 400 with the same message.
+    """
+    if not isinstance(body, ChatCompletionRequest):
+        return None
+    try:
+        _sanitize_chat_completion_request(body)
+    except (TypeError, ValueError) as exc:
+        return f"invalid request: {exc}"
+    return None
+
+
+#: Exceptions a request model's validator can raise on input of an unexpected shape.
+_VALIDATOR_CRASHES = (TypeError, AttributeError, KeyError, IndexError)
+
+
+def _raised_while_parsing_the_body(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of FastAPI validating the request (not out of the endpoint)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in ("request_body_to_args", "solve_dependencies"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def install_body_crash_handlers(app: FastAPI) -> None:
+    """Answer a request whose body crashes a validator with 400 (422 on ``/admin``), not 500.
+
+    vLLM's request models check some fields in ``mode="before"`` validators that
+    assume the field's shape: ``{"messages": null}`` or a content part that is
+    ``null`` raise ``TypeError`` there, which pydantic does not turn into a
+    validation error (found by schemathesis on the live deployment). Such an
+    exception raised while FastAPI parses the body is the client's error; any
+    other is re-raised and stays a 500.
+    """
+
+    async def body_crash(request: Request, exc: Exception) -> Response:
+        if not _raised_while_parsing_the_body(exc):
+            raise exc
+        message = f"invalid request body: a field has an unexpected shape ({type(exc).__name__}: {exc})"
+        if request.url.path.startswith("/admin"):
+            return JSONResponse({"detail": [{"loc": ["body"], "msg": message, "type": "value_error"}]}, 422)
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": 400}}, 400)
+
+    for exc_type in _VALIDATOR_CRASHES:
+        app.add_exception_handler(exc_type, body_crash)
 
 
 def make_app(max_body_bytes: int, auth: dict) -> FastAPI:
@@ -97,6 +157,7 @@ def make_app(max_body_bytes: int, auth: dict) -> FastAPI:
         return await openai_handler(request, exc)
 
     app.add_exception_handler(RequestValidationError, validation_error)
+    install_body_crash_handlers(app)
     env, path = auth["api_key_env"], auth.get("api_key_file")
     # middleware runs last-added first: error answers wrap everything, the body limit
     # guards the rest, then the key, then the body's encoding (only for callers with a key)

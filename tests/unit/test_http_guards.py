@@ -270,3 +270,62 @@ def test_token_comparison_is_constant_time(monkeypatch: pytest.MonkeyPatch) -> N
     calls.clear()
     assert c.post("/v1/echo", content=b"{}", headers={"Authorization": "Bearer nope"}).status_code == 401
     assert calls == [(b"key-1", b"nope")]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": None},
+        {"messages": 5},
+    ],
+)
+def test_a_body_that_crashes_a_validator_is_400_not_500(body: dict) -> None:
+    """vLLM's own ChatCompletionRequest raises TypeError in before-validators on these shapes (500s found by
+    schemathesis on the live deployment); the ingress answers them 400 with the reason."""
+    from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+
+    from deploy.ingress import install_body_crash_handlers
+
+    app = FastAPI()
+
+    async def chat(request: ChatCompletionRequest) -> dict:
+        return {"ok": True}
+
+    chat.__annotations__["request"] = ChatCompletionRequest  # a real class, not this module's string annotation
+    app.post("/v1/chat/completions")(chat)
+
+    @app.get("/v1/bug")
+    async def bug() -> dict:
+        raise TypeError("a bug in a handler is still a 500")
+
+    install_body_crash_handlers(app)
+    c = TestClient(app, raise_server_exceptions=False)
+    r = c.post("/v1/chat/completions", json={"model": "m", **body})
+    assert r.status_code == 400 and "unexpected shape" in r.json()["error"]["message"], r.text
+    ok = c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert ok.json() == {"ok": True}
+    assert c.get("/v1/bug").status_code == 500
+
+
+@pytest.mark.parametrize("content", [[None], [5]])
+def test_chat_content_parts_of_the_wrong_shape_are_400_not_500(monkeypatch: pytest.MonkeyPatch, content: list) -> None:
+    """Content parts pass parsing (validated lazily) and used to fail in Ray's sanitiser as a 500."""
+    import asyncio
+
+    from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ErrorResponse
+    from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
+
+    from deploy.ingress import EBPlusIngress
+
+    async def must_not_run(self, **kwargs):
+        raise AssertionError("the request should not reach a replica")
+        yield
+
+    monkeypatch.setattr(ray_ingress.OpenAiIngress, "_get_response", must_not_run)
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": content}]})
+
+    async def collect() -> list:
+        return [r async for r in object.__new__(EBPlusIngress)._get_response(body=body, call_method="chat")]
+
+    (err,) = asyncio.run(collect())
+    assert isinstance(err, ErrorResponse) and err.error.code == 400 and "content" in err.error.message
