@@ -86,12 +86,13 @@ class EBPlusIngress(OpenAiIngress):
 
 
 def _chat_body_problem(body: Any) -> str | None:
-    """Why Ray's chat-request sanitiser would fail on ``body`` (a 500 there), or ``None``.
+    """Why a parsed chat request would still fail with a 500 further on, or ``None``.
 
     Content parts are validated lazily (pydantic's ``ValidatorIterator``): a part
     like ``null`` passes request parsing and fails when the stock ingress lists
     them, with a ValueError answered as a 500. Listing them here first (idempotent)
-    turns that into a 400 with the same message.
+    turns that into a 400 with the same message. A message without a ``role``
+    (harmony's shape) fails in the replica's renderer. Both found by schemathesis.
     """
     if not isinstance(body, ChatCompletionRequest):
         return None
@@ -99,6 +100,11 @@ def _chat_body_problem(body: Any) -> str | None:
         _sanitize_chat_completion_request(body)
     except (TypeError, ValueError) as exc:
         return f"invalid request: {exc}"
+    for i, message in enumerate(body.messages):
+        # A harmony-style message ({"author": {"role": ...}}) validates as a message type but
+        # has no "role": the replica's chat renderer then fails with KeyError (a 500).
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return f"invalid request: messages[{i}] needs a string 'role'"
     return None
 
 

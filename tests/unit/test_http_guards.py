@@ -307,9 +307,16 @@ def test_a_body_that_crashes_a_validator_is_400_not_500(body: dict) -> None:
     assert c.get("/v1/bug").status_code == 500
 
 
-@pytest.mark.parametrize("content", [[None], [5]])
-def test_chat_content_parts_of_the_wrong_shape_are_400_not_500(monkeypatch: pytest.MonkeyPatch, content: list) -> None:
-    """Content parts pass parsing (validated lazily) and used to fail in Ray's sanitiser as a 500."""
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": [None]},
+        {"role": "user", "content": [5]},
+        {"author": {"role": "assistant"}, "content": [{"type": "text", "text": "hi"}]},  # harmony's shape
+    ],
+)
+def test_chat_messages_of_the_wrong_shape_are_400_not_500(monkeypatch: pytest.MonkeyPatch, message: dict) -> None:
+    """These pass parsing and used to fail further on (Ray's sanitiser, the replica's renderer) as 500s."""
     import asyncio
 
     from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ErrorResponse
@@ -322,10 +329,10 @@ def test_chat_content_parts_of_the_wrong_shape_are_400_not_500(monkeypatch: pyte
         yield
 
     monkeypatch.setattr(ray_ingress.OpenAiIngress, "_get_response", must_not_run)
-    body = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": content}]})
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": [message]})
 
     async def collect() -> list:
         return [r async for r in object.__new__(EBPlusIngress)._get_response(body=body, call_method="chat")]
 
     (err,) = asyncio.run(collect())
-    assert isinstance(err, ErrorResponse) and err.error.code == 400 and "content" in err.error.message
+    assert isinstance(err, ErrorResponse) and err.error.code == 400 and "invalid request" in err.error.message
