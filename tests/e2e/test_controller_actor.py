@@ -28,15 +28,24 @@ def batch(i: int) -> TelemetryBatch:
     return TelemetryBatch("r0", comps, (StepRecord(0, 10, 10, 30, 0.02),), applied_version=i)
 
 
-def wait_for_controller(ray, timeout_s: float = 60.0) -> dict:
+def wait_for_restart(ray, old_pid: int, timeout_s: float = 60.0) -> dict:
+    """Ping until a *new* actor process answers.
+
+    ``ray.kill`` returns before the kill lands: a ping sent right after it can
+    still be served by the dying process, which was never restored.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return ray.get(get_controller().ping.remote(), timeout=5)
+            ping = ray.get(get_controller().ping.remote(), timeout=5)
+            if ping["pid"] != old_pid:
+                return ping
         except Exception:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.25)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the controller (pid {old_pid}) was not restarted within {timeout_s} s")
+        time.sleep(0.25)
 
 
 @pytest.mark.timeout(180)
@@ -53,10 +62,12 @@ def test_named_actor_restarts_and_resumes(ray_local) -> None:
     assert reply["version"] == 5  # an update per batch once 10 completions arrived
     before = ray.get(handle.snapshot.remote())
 
+    old_pid = ray.get(handle.ping.remote())["pid"]
     time.sleep(0.5)  # let the housekeeping loop persist
     ray.kill(handle, no_restart=False)
-    ping = wait_for_controller(ray)
-    assert ping["restored"] and ping["version"] == before["version"]
+    ping = wait_for_restart(ray, old_pid)
+    assert ping["restored"], ping
+    assert ping["version"] == before["version"]
 
     again = ray.get(get_controller().register.remote("r0", "auto", 100_000, 64, PRIOR, "cpu"))
     assert {k: again[k] for k in ("k", "n", "active", "version")} == {

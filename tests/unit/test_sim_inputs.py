@@ -101,7 +101,9 @@ def test_shipped_profiles() -> None:
     assert {"h200", "rtx-pro-6000", "l40s", "b300"} <= set(names)
     for name in names:
         prof = resolve_profile(name)
-        assert prof.name == name and prof.kv_capacity_tokens > 100_000 and prof.description
+        assert prof.name == name and prof.description
+        # GPU profiles hold hundreds of thousands of KV tokens; the CPU one a few thousand
+        assert prof.kv_capacity_tokens > (1_000 if name.startswith("cpu-") else 100_000)
 
 
 def test_uniform_expected_mean_matches_samples() -> None:
