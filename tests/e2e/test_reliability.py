@@ -1,0 +1,232 @@
+"""Reliability on a live deployment: controller and replica faults, back-pressure, a soak, hostile input.
+
+One extra deployment for the whole module (``tests/e2e/faults.yaml``, port 18100):
+the tiny model on two replicas, tiny queues, a 64-record telemetry buffer, an API
+key. Every fault is real (``ray.kill``, SIGSTOP/SIGCONT, SIGKILL) and bounded in
+time. The scenarios live in ``bench/reliability.py``; ``bench/reliability_bench.py``
+runs them longer and writes the Reliability table (``bench/RELIABILITY.md``).
+
+Development: ``EBPLUS_FAULTS_ATTACH=<pid>:<log file>`` runs the module against an
+``ebplus serve --config tests/e2e/faults.yaml`` started by hand with the tokens below.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench import reliability as rel
+
+pytestmark = [pytest.mark.e2e]
+
+ADMIN_TOKEN = "faults-admin-token-5b1d"
+API_KEY = "faults-api-key-9c2e"
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rel.Deployment]:
+    attach = os.environ.get("EBPLUS_FAULTS_ATTACH")
+    if attach:
+        pid, log = attach.split(":", 1)
+        yield rel.attach_deployment(rel.FAULTS_CONFIG, Path(log), ADMIN_TOKEN, API_KEY, int(pid))
+        return
+    log_path = tmp_path_factory.mktemp("faults") / "serve.log"
+    try:
+        dep = rel.start_deployment(rel.FAULTS_CONFIG, log_path, ADMIN_TOKEN, API_KEY)
+    except rel.HarnessError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield dep
+    finally:
+        rel.stop_deployment(dep)
+
+
+@pytest.fixture(scope="module")
+def cluster(faults: rel.Deployment) -> Iterator[rel.Cluster]:
+    with rel.Cluster(faults) as c:
+        yield c
+
+
+def show(name: str, figures: dict) -> None:
+    """Print a scenario's figures (visible with -s; the benchmark tabulates the same dict)."""
+    import json
+
+    print(f"\n{name}: {json.dumps(figures, default=str)[:4000]}")
+
+
+# --------------------------------------------------------------------------- hostile input and security
+
+
+@pytest.mark.timeout(300)
+def test_hostile_requests_are_4xx_with_a_reason(faults: rel.Deployment) -> None:
+    out = rel.scenario_hostile(faults)
+    show("hostile", {a["case"]: a["status"] for a in out["cases"]})
+    assert out["bad"] == [], out["bad"]
+    assert out["alive_after"]
+    statuses = {a["case"]: a["status"] for a in out["cases"]}
+    assert statuses["body over the size limit"] == 413
+    assert statuses["form body"] == statuses["admin: invalid UTF-8 text"] == 415
+    assert statuses["unknown model"] == 404
+
+
+@pytest.mark.timeout(300)
+def test_credentials_enforced_never_echoed_never_logged(faults: rel.Deployment, cluster: rel.Cluster) -> None:
+    out = rel.scenario_secrets(faults, cluster)
+    show("secrets", out)
+    s = out["statuses"]
+    assert s["v1_without_key"] == s["v1_wrong_key"] == s["tokenize_without_key"] == 401
+    assert s["admin_put_without_token"] == s["admin_put_wrong_token"] == 401
+    assert s["admin_post_wrong_token"] == s["admin_delete_wrong_token"] == 401
+    assert s["v1_with_key"] == s["admin_read_with_token"] == 200
+    assert out["echoed"] == [] and out["leaks"] == []
+    assert out["log_files_scanned"] > 10  # the serve log and the Ray session's logs
+
+
+@pytest.mark.timeout(120)
+def test_malformed_telemetry_is_rejected_and_counted_live(faults: rel.Deployment, cluster: rel.Cluster) -> None:
+    out = rel.scenario_bad_telemetry(faults, cluster)
+    metrics = out.pop("metrics_text")
+    show("bad telemetry", out)
+    assert out["accepted_completions"] == 0
+    assert out["rejected"] == {
+        "not_finite": 2,
+        "negative": 2,
+        "absurd_value": 2,
+        "bad_type": 1,
+        "bad_finish_reason": 1,
+        "bad_batch": 2,
+        "bad_engine_stats": 1,
+        "unknown_replica": 3,
+    }
+    assert out["replies_for_unknown"] == [True, True, True] and out["controller_alive"]
+    assert 'ebplus_telemetry_rejected_total{reason="unknown_replica"}' in metrics
+
+
+# --------------------------------------------------------------------------- back-pressure
+
+
+@pytest.mark.timeout(300)
+def test_overload_is_503_with_retry_after_and_streams_still_work(faults: rel.Deployment) -> None:
+    rep = faults.config.replicas
+    capacity = rep.num_replicas * rep.max_ongoing_requests + rep.max_queued_requests
+    out = rel.scenario_back_pressure(faults, requests=120, concurrency=3 * capacity, max_tokens=48)
+    show("back-pressure", out)
+    load = out["load"]
+    assert set(load["http_attempts"]) <= {"200", "503"}, load
+    assert load["back_pressure_answers"] > 0, "the burst was meant to overflow the queue"
+    assert load["back_pressure_without_retry_after"] == 0
+    assert out["errors_other_than_back_pressure"] == []
+    assert out["streams_ok"] > 0
+
+
+# --------------------------------------------------------------------------- controller faults
+
+
+@pytest.mark.timeout(600)
+def test_controller_killed_under_load(faults: rel.Deployment, cluster: rel.Cluster) -> None:
+    """Killed three times mid-load: no request fails, it resumes its state, replicas converge at once."""
+    out = rel.scenario_controller_kills(faults, cluster, kills=3, gap_s=6.0)
+    show("controller kills", out)
+    assert out["load"]["failed"] == 0 and out["load"]["sent"] > 50, out["failures"]
+    interval = faults.config.replicas.telemetry_interval_s
+    for event in out["events"]:
+        assert event["restored"], event
+        assert event["updates_after"] >= event["updates_before"] and event["estimate_kept"], event
+        assert set(event["thresholds_after"]) == set(event["thresholds_before"])
+        if event["same_version"]:  # nothing re-planned meanwhile: exactly the thresholds of before
+            assert event["thresholds_after"] == event["thresholds_before"], event
+        assert all(plan[4] is not None for plan in event["thresholds_after"].values()), "cold N*"
+        # registered and applied within a push or two of the restart (+ one push timeout)
+        assert event["converge_s"] <= 2 * interval + rel_push_timeout() + 1.0, event
+    assert out["telemetry"]["double_counted"] == 0, out["telemetry"]  # lost: what the dead actor had not saved
+
+
+def rel_push_timeout() -> float:
+    from replicas.server import PUSH_TIMEOUT_S
+
+    return PUSH_TIMEOUT_S
+
+
+@pytest.mark.timeout(600)
+def test_hung_controller_does_not_touch_requests(faults: rel.Deployment, cluster: rel.Cluster) -> None:
+    """SIGSTOP for 8 s: latency unchanged, replicas keep thresholds, outboxes bounded, drops counted, nothing doubled."""
+    out = rel.scenario_hung_controller(faults, cluster, hang_s=8.0)
+    show("hung controller", out)
+    assert out["load"]["failed"] == 0, out["failures"]
+    assert out["requests_during_hang"] > 10
+    # latency: the hang must not show (noisy 2-core box: generous bound)
+    assert out["latency_p95_hung_s"] <= max(2.0 * out["latency_p95_base_s"], out["latency_p95_base_s"] + 0.5), out
+    cap = out["outbox_capacity"]
+    assert len(out["during"]) == faults.config.replicas.num_replicas
+    for status in out["during"].values():
+        assert status["push_failures"] > 0  # it really could not reach the controller
+        assert status["outbox"]["completions"] <= cap and status["outbox"]["steps"] <= cap
+    assert out["dropped_steps"] > 0, "an 8 s hang overflows a 64-record step buffer: drops must be counted"
+    tel = out["telemetry"]
+    assert tel["lost"] == 0 and tel["double_counted"] == 0, tel
+    assert out["replicas_after"] == out["replicas_before"], "a paused controller must not forget its replicas"
+
+
+# --------------------------------------------------------------------------- replica faults
+
+
+@pytest.mark.timeout(900)
+def test_replica_killed_under_load(faults: rel.Deployment, cluster: rel.Cluster) -> None:
+    """SIGKILL of the busiest replica: non-streamed requests survive (503 + client retry), broken streams end
+    in an explicit error, no connection hangs; Serve replaces it; the controller forgets it and learns the new one."""
+    out = rel.scenario_replica_kill(faults, cluster)
+    show("replica kill", out)
+    assert out["failed_non_streamed"] == 0, out["failed"]
+    assert out["silently_truncated"] == 0, out["failed"]
+    for failure in out["failed"]:  # what a streaming client sees: an APIError saying to retry
+        assert failure["kind"].endswith("stream") and "retry" in failure["error"], failure
+    hit = out["load"]["http_attempts"].get("503", 0) + out["failed_streams"]
+    assert hit >= 1 or out["running_on_victim_at_kill"] == 0, "requests in flight on the victim must show"
+    assert out["longest_request_s"] < 120, "a connection hung"
+    assert out["forgot_dead_s"] <= faults.config.controller.stale_replica_s + 5
+    assert out["victim"] not in out["replicas_after"] and len(out["replicas_after"]) == 2
+    assert len(set(out["replicas_after"]) - set(out["replicas_before"])) == 1
+
+
+# --------------------------------------------------------------------------- soak
+
+
+@pytest.mark.timeout(1200)
+def test_soak(faults: rel.Deployment, cluster: rel.Cluster) -> None:
+    """2,000 requests at concurrency 64 through tiny queues: nothing but back-pressure, memory flat."""
+    out = rel.scenario_soak(faults, cluster, requests=2000, concurrency=64, max_tokens=8)
+    show("soak", out)
+    load = out["load"]
+    assert load["sent"] == load["ok"] == 2000, out["failures"]
+    assert set(load["http_attempts"]) <= {"200", "503"}
+    assert load["back_pressure_without_retry_after"] == 0
+    assert out["rss_end_mib"] <= 1.15 * out["rss_start_mib"] + 300, out
+    assert out["preemptions"] >= 0  # reported; a 1 GiB cache does not preempt 8-token requests
+    assert out["telemetry"]["lost"] == out["telemetry"]["double_counted"] == 0, out["telemetry"]
+
+
+# --------------------------------------------------------------------------- fuzzing the OpenAPI
+
+
+@pytest.mark.timeout(1800)
+def test_fuzz_openapi_never_5xx(faults: rel.Deployment) -> None:
+    """schemathesis over every operation of the live /openapi.json (admin, OpenAI, tokenizer, open routes),
+    positive and negative cases, 15 examples per operation: no 5xx."""
+    pytest.importorskip("schemathesis")
+    out = rel.scenario_fuzz(faults, examples=15)
+    show("fuzz", out)
+    for name, run in out.items():
+        assert run["exit_code"] == 0, f"{name}: " + "\n".join(run["summary"])
+
+
+def test_fuzz_left_no_override_behind(faults: rel.Deployment) -> None:
+    """Fuzzed PUT /admin/overrides may pin values; clear them for whoever uses the deployment next."""
+    for key in list(faults.thresholds()["overrides"]):
+        httpx.delete(f"{faults.base_url}/admin/overrides/{key}", headers=faults.admin_headers, timeout=30)
+    time.sleep(0.5)
+    assert faults.thresholds()["overrides"] == {}
