@@ -1,18 +1,31 @@
 """End to end: EB+ (mode ``auto``) against MB on the local deployment, same request set.
 
     python -m bench.e2e_bench [--config deploy/local.yaml] [--modes mb,auto]
-                              [--num-prompts 256] [--max-concurrency 32]
-                              [--input-len 256] [--output-len 128] [--range-ratio 0.5]
+                              [--dataset chat|random] [--num-prompts 256]
+                              [--max-concurrency 32] [--output-len 256]
                               [--out bench/results/e2e-cpu-smollm2.md]
 
 For each mode the script starts ``ebplus serve`` (the real CLI, in a subprocess)
 with the config's ``scheduler.mode`` replaced, waits until it serves, sends a
 short warm-up, then runs vLLM's own serving benchmark (``vllm bench serve``'s
-code, ``vllm.benchmarks.serve``) against ``/v1/completions`` with a fixed seed
-and ``ignore_eos``, so every mode decodes exactly the same tokens. It reports
-output and total tokens/s, TTFT and TPOT percentiles and, for ``auto``, what the
-controller decided. Modes run one after the other on the same machine, so the
-ratio is the figure to read; absolute numbers move with the machine's load.
+code, ``vllm.benchmarks.serve``) against ``/v1/completions`` with a fixed seed.
+
+Datasets:
+
+* ``chat`` (default): natural chat prompts (:mod:`bench.prompts`, the model's
+  chat template applied by the benchmark), answered greedily (temperature 0)
+  up to ``--output-len``: the model stops on its own, so output lengths have
+  the distribution the controller is meant to estimate, and greedy decoding
+  makes every mode produce the same tokens.
+* ``random``: vLLM's random-token prompts of ``--input-len`` and exactly
+  ``--output-len`` output tokens (``ignore_eos``, both ±``--range-ratio``). Every
+  request ends at its cap, which the controller treats as right-censored: it
+  learns nothing about natural lengths and stays near its cold start.
+
+It reports output and total tokens/s, TTFT and TPOT percentiles and, for
+``auto``, what the controller decided. Modes run one after the other on the same
+machine, so the ratio is the figure to read; absolute numbers move with the
+machine's load.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from bench.prompts import chat_requests
 from deploy.app import model_path
 from deploy.config import load_config
 
@@ -74,19 +88,36 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def write_chat_dataset(path: Path, num_prompts: int, seed: int = 0) -> Path:
+    """The ``chat`` dataset as vLLM's custom JSONL (one ``{"prompt": ...}`` per line)."""
+    with open(path, "w") as fh:
+        for chat in chat_requests(num_prompts, seed):
+            fh.write(json.dumps({"prompt": chat[0]["content"]}) + "\n")
+    return path
+
+
 def _bench_args(args: argparse.Namespace, base: str, model_id: str, tokenizer: str, result_dir: Path, mode: str):
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
+    if args.dataset == "chat":
+        dataset = [
+            "--dataset-name", "custom", "--dataset-path", str(write_chat_dataset(result_dir / "chat.jsonl", args.num_prompts)),
+            "--custom-output-len", str(args.output_len), "--temperature", "0",
+        ]  # fmt: skip
+    else:
+        dataset = [
+            "--dataset-name", "random", "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len), "--random-range-ratio", str(args.range_ratio),
+            "--ignore-eos",
+        ]  # fmt: skip
     argv = [
         "--backend", "openai", "--base-url", base, "--endpoint", "/v1/completions",
-        "--model", model_id, "--tokenizer", tokenizer,
-        "--dataset-name", "random", "--random-input-len", str(args.input_len),
-        "--random-output-len", str(args.output_len), "--random-range-ratio", str(args.range_ratio),
+        "--model", model_id, "--tokenizer", tokenizer, *dataset,
         "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.max_concurrency),
-        "--seed", "0", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl",
+        "--seed", "0", "--percentile-metrics", "ttft,tpot,itl",
         "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(result_dir),
         "--result-filename", f"{mode}.json", "--disable-tqdm",
     ]  # fmt: skip
@@ -121,6 +152,7 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
         )
         result = bench_main(_bench_args(args, base, served.model.id, model_path(served), workdir, mode))
         admin = httpx.get(f"{base}/admin/thresholds", timeout=30).json()
+        estimates = httpx.get(f"{base}/admin/estimates", timeout=30).json()
     finally:
         _stop(proc)
     replica = next(iter(admin["replicas"].values()), {})
@@ -136,6 +168,7 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
         "tpot_p50_ms": result["p50_tpot_ms"],
         "tpot_p99_ms": result["p99_tpot_ms"],
         "final": {key: replica.get(key) for key in ("mode", "active", "k", "n", "version")},
+        "estimate": {key: estimates["fleet"].get(key) for key in ("p0", "eta", "mu_o", "mu_l", "n_samples", "updates")},
     }
 
 
@@ -164,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="mb,auto", help="comma-separated scheduler modes (mb,eb,v0,auto)")
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--max-concurrency", type=int, default=32)
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--range-ratio", type=float, default=0.5, help="uniform jitter of both lengths (+-)")
+    parser.add_argument("--dataset", choices=("chat", "random"), default="chat", help="see above")
+    parser.add_argument("--input-len", type=int, default=256, help="random: prompt tokens")
+    parser.add_argument("--output-len", type=int, default=256, help="chat: max_tokens; random: exact output tokens")
+    parser.add_argument("--range-ratio", type=float, default=0.5, help="random: uniform jitter of both lengths (+-)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/e2e-cpu-smollm2.md"))
     args = parser.parse_args(argv)
     command = "python -m bench.e2e_bench " + " ".join(sys.argv[1:] if argv is None else argv)

