@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "request at t=0 (saturated)."
         ),
         epilog=(
-            "Profiles: a name from bench/profiles (h200, rtx-pro-6000, l40s, b300) or a YAML file. "
+            "Profiles: a name from bench/profiles (h200, rtx-pro-6000, l40s, b300, cpu-smollm2) or a YAML file. "
             "Workloads: a name from bench/workloads (e.g. paper, balanced, decode-heavy, "
             "distribution-shift), a YAML workload or schedule file, or a JSONL trace with one "
             '{"input_len": .., "output_len": .., "arrival_s": ..} per line.'

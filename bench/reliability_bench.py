@@ -5,7 +5,7 @@ Starts ``ebplus serve --config tests/e2e/faults.yaml`` (or attaches to one with
 given, fuzzes the live OpenAPI with schemathesis, runs the memory-safety
 comparison (simulated always, on a real engine with ``--engine``) and writes
 ``bench/results/reliability.json`` and ``bench/results/reliability.md`` (the table
-that ``bench/RELIABILITY.md`` quotes).
+that README's "Reliability" section quotes).
 
     .venv/bin/python -m bench.reliability_bench                 # ~15 min on 2 cores
     .venv/bin/python -m bench.reliability_bench --quick         # the sizes the CI test uses

@@ -149,7 +149,11 @@ class RaySection(_Section):
 
     address: str | None = Field(None, description="Existing Ray cluster to join; default: start a local one.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray (default: all).")
-    namespace: str = Field("ebplus", description="Ray namespace of the controller actor and the app.")
+    namespace: str = Field(
+        "ebplus",
+        description="Ray namespace of the driver `ebplus serve` runs. The controller actor is always "
+        "`ebplus-controller` in namespace `ebplus`: one controller per Ray cluster.",
+    )
     metrics_export_port: int = Field(8080, ge=1, le=65535, description="Ray's metrics agent port (ray_* metrics).")
 
 
