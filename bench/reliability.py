@@ -727,6 +727,14 @@ def _telemetry_balance(before: dict, after: dict, served: int) -> dict:
     }
 
 
+def _versions(snap: dict | None) -> str:
+    """Fleet and per-replica versions of a snapshot, for error messages."""
+    if snap is None:
+        return "no snapshot"
+    reps = {rid: (r["version"], r["applied_version"], r["active"], r["concurrency"]) for rid, r in snap["replicas"].items()}
+    return f"version {snap['version']}, updates {snap['updates']}, replicas (version, applied, active, concurrency) {reps}"
+
+
 def _plan_of(replica: dict) -> list:
     return [replica["k"], replica["n"], replica["active"], replica["theta"], replica["n_star"]]
 
@@ -753,15 +761,20 @@ def scenario_controller_kills(
             ping1 = cluster.wait_controller(timeout_s=120, pid_not=ping0["pid"])
             t_up = time.monotonic()
 
-            def converged(version_floor: int = before["version"]) -> dict | None:
-                snap = cluster.snapshot()
+            seen: dict = {}
+
+            def converged(version_floor: int = before["version"], seen: dict = seen) -> dict | None:
+                snap = seen["snap"] = cluster.snapshot()
                 reps = snap["replicas"]
                 if len(reps) != replicas or snap["version"] < version_floor:
                     return None
                 ok = all(r["applied_version"] == r["version"] == snap["version"] for r in reps.values())
                 return snap if ok else None
 
-            after = wait_until("replicas to converge on the restarted controller", converged, timeout_s=60, every_s=0.05)
+            try:
+                after = wait_until("replicas to converge on the restarted controller", converged, timeout_s=60, every_s=0.05)
+            except HarnessError as exc:
+                raise HarnessError(f"{exc}; before the kill: {_versions(before)}; last seen: {_versions(seen.get('snap'))}") from exc
             t_conv = time.monotonic()
             same_version = after["version"] == before["version"]
             events.append(

@@ -209,10 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     print("[reliability] memory safety (simulated) ...", flush=True)
     results["memory_sim"] = memory_safety_sim()
-    if args.engine:
-        print("[reliability] memory safety (real engine) ...", flush=True)
-        results["memory_engine"] = memory_safety_engine()
-
     if args.attach:
         pid, log = args.attach.split(":", 1)
         dep = rel.attach_deployment(rel.FAULTS_CONFIG, Path(log), args.admin_token or "", args.api_key, int(pid))
@@ -250,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if owned:
             rel.stop_deployment(dep)
+    if args.engine:
+        # After the deployment, never before: an in-process vLLM engine keeps its threads
+        # and memory in this process, which then starves the deployment on a small machine.
+        print("[reliability] memory safety (real engine) ...", flush=True)
+        results["memory_engine"] = memory_safety_engine()
     results["wall_s"] = round(time.monotonic() - started)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str) + "\n")
