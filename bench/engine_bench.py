@@ -246,15 +246,14 @@ class ControlLoop:
         if now < self.next:
             return
         self.next = now + self.interval
-        from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+        from controller.telemetry import TelemetryBatch
+        from replicas.control import to_completion, to_step
 
         d = self.scheduler.ebplus_drain()
         batch = TelemetryBatch(
             replica_id="bench",
-            completions=tuple(CompletionRecord(int(a), int(b), FinishReason(c)) for a, b, c in d["completions"]),
-            steps=tuple(
-                StepRecord(int(p), int(q), int(r), int(w), float(s), str(k)) for p, q, r, w, s, k in d["steps"]
-            ),
+            completions=tuple(to_completion(c) for c in d["completions"]),
+            steps=tuple(to_step(s) for s in d["steps"]),
             applied_version=self.scheduler.ebplus_applied()["version"],
             dropped_completions=d["dropped_completions"],
             dropped_steps=d["dropped_steps"],

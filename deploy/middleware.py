@@ -25,8 +25,7 @@ from deploy.auth import Secret, bearer_token
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
-async def _send_json(send, status: int, message: str, kind: str, headers: list | None = None) -> None:
-    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+async def _send_body(send, status: int, body: bytes, headers: list | None = None) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -39,6 +38,12 @@ async def _send_json(send, status: int, message: str, kind: str, headers: list |
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send, status: int, message: str, kind: str, headers: list | None = None) -> None:
+    """An OpenAI-style error answer."""
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    await _send_body(send, status, body, headers)
 
 
 class BodySizeLimit:
@@ -232,21 +237,6 @@ class JsonBodyGuard:
             return await receive()
 
         await self.app(scope, replay, send)
-
-
-async def _send_body(send, status: int, body: bytes, headers: list | None = None) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 class ErrorResponses:

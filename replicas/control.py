@@ -23,7 +23,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.telemetry import CompletionRecord, FinishReason, StepRecord
+
 UTILITY = "ebplus_call"
+
+
+def to_completion(record: tuple) -> CompletionRecord:
+    """A ``completions`` row of ``ebplus_drain()`` as the controller's record."""
+    prompt_len, output_len, finish = record
+    return CompletionRecord(int(prompt_len), int(output_len), FinishReason(finish))
+
+
+def to_step(record: tuple) -> StepRecord:
+    """A ``steps`` row of ``ebplus_drain()`` as the controller's record."""
+    prefill, decode, running, waiting, seconds, phase = record
+    return StepRecord(int(prefill), int(decode), int(running), int(waiting), float(seconds), str(phase))
 
 
 class EngineControl:

@@ -25,8 +25,8 @@ from typing import Any
 from ray.serve.llm import LLMServer
 
 from controller.cost_model import CostModel
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from replicas.control import EngineControl
+from controller.telemetry import CompletionRecord, StepRecord, TelemetryBatch
+from replicas.control import EngineControl, to_completion, to_step
 from replicas.profiles import prior_for_device
 
 # a child of Ray Serve's logger, so lines land in the replica's log with its id
@@ -82,16 +82,6 @@ class TelemetryOutbox:
         self.steps.clear()
         self.dropped_completions = 0
         self.dropped_steps = 0
-
-
-def to_completion(record: tuple) -> CompletionRecord:
-    prompt_len, output_len, finish = record
-    return CompletionRecord(int(prompt_len), int(output_len), FinishReason(finish))
-
-
-def to_step(record: tuple) -> StepRecord:
-    prefill, decode, running, waiting, seconds, phase = record
-    return StepRecord(int(prefill), int(decode), int(running), int(waiting), float(seconds), str(phase))
 
 
 class EBPlusServer(LLMServer):

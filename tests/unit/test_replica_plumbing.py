@@ -9,8 +9,9 @@ import pytest
 from controller.actor import ControllerActor
 from controller.cost_model import CostModel
 from controller.telemetry import CompletionRecord, FinishReason, StepRecord
+from replicas.control import to_completion, to_step
 from replicas.profiles import profile_for_device
-from replicas.server import EBPlusServer, TelemetryOutbox, to_completion, to_step
+from replicas.server import EBPlusServer, TelemetryOutbox
 
 
 def test_outbox_is_bounded_and_counts_drops() -> None:
