@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from bench.reliability import wait_until
 from controller.actor import ACTOR_NAME, NAMESPACE, get_controller, start_controller
 from controller.cost_model import CostModel
 from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
@@ -34,18 +35,12 @@ def wait_for_restart(ray, old_pid: int, timeout_s: float = 60.0) -> dict:
     ``ray.kill`` returns before the kill lands: a ping sent right after it can
     still be served by the dying process, which was never restored.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            ping = ray.get(get_controller().ping.remote(), timeout=5)
-            if ping["pid"] != old_pid:
-                return ping
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the controller (pid {old_pid}) was not restarted within {timeout_s} s")
-        time.sleep(0.25)
+
+    def restarted() -> dict | None:
+        ping = ray.get(get_controller().ping.remote(), timeout=5)
+        return ping if ping["pid"] != old_pid else None
+
+    return wait_until(f"a new controller process (the old pid was {old_pid})", restarted, timeout_s)
 
 
 @pytest.mark.timeout(180)
