@@ -32,60 +32,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
+import secrets
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import yaml
 
 from bench.prompts import chat_requests
+from bench.reliability import start_deployment, stop_deployment
 from deploy.app import model_path
-from deploy.config import load_config
 
 PORT = 18200
 RAY_METRICS_PORT = 18280
-START_TIMEOUT_S = 900
-
-
-def _serve(config_path: Path, log_path: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    log = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
-    return subprocess.Popen(
-        [sys.executable, "-m", "ebplus.cli", "serve", "--config", str(config_path)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def _wait_ready(base: str, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ebplus serve exited ({proc.returncode}); see {log_path}")
-        try:
-            if httpx.get(f"{base}/v1/models", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise RuntimeError(f"deployment not ready after {START_TIMEOUT_S} s; see {log_path}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def write_chat_dataset(path: Path, num_prompts: int, seed: int = 0) -> Path:
@@ -134,13 +94,11 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
     cfg.setdefault("ray", {})["metrics_export_port"] = RAY_METRICS_PORT
     config_path = workdir / f"{mode}.yaml"
     config_path.write_text(yaml.safe_dump(cfg))
-    served = load_config(config_path)
-    base = f"http://127.0.0.1:{PORT}"
     log_path = workdir / f"serve-{mode}.log"
     print(f"[e2e] {mode}: starting the deployment (log {log_path})", flush=True)
-    proc = _serve(config_path, log_path)
+    dep = start_deployment(config_path, log_path, admin_token=secrets.token_hex(16))
+    served, base = dep.config, dep.base_url
     try:
-        _wait_ready(base, proc, log_path)
         for i in range(8):  # warm-up: first steps of a fresh engine are slow
             httpx.post(
                 f"{base}/v1/completions",
@@ -151,10 +109,10 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
             f"[e2e] {mode}: benchmarking {args.num_prompts} requests at concurrency {args.max_concurrency}", flush=True
         )
         result = bench_main(_bench_args(args, base, served.model.id, model_path(served), workdir, mode))
-        admin = httpx.get(f"{base}/admin/thresholds", timeout=30).json()
-        estimates = httpx.get(f"{base}/admin/estimates", timeout=30).json()
+        admin = dep.admin("/admin/thresholds")
+        estimates = dep.admin("/admin/estimates")
     finally:
-        _stop(proc)
+        stop_deployment(dep)
     replica = next(iter(admin["replicas"].values()), {})
     return {
         "mode": mode,
