@@ -53,9 +53,9 @@ class CostModel(BaseModel):
         for i, x in enumerate(v):
             if not math.isfinite(x):
                 raise ValueError(f"beta_mb[{i}] must be finite")
-        for r in (0.0, 0.25, 0.5, 0.75, 1.0):
-            if theory.beta_mb(r, v) < 0:
-                raise ValueError(f"beta_mb(r) must be >= 0 on [0, 1]; negative at r={r}")
+        r, lowest = theory.beta_mb_min(v)
+        if lowest < 0:
+            raise ValueError(f"beta_mb(r) must be >= 0 on [0, 1]; {lowest:.3g} at r={r:.3g}")
         return v
 
     def folded(self, context_tokens: float) -> CostModel:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from controller import theory
 from controller.cost_model import CostModel, step_kind
 
 Clock = Callable[[], float]
@@ -445,8 +446,10 @@ class CostModelFitter:
                 sd[1:] = self._sd(prior.beta_mb, 0.25 * max(abs(x) for x in prior.beta_mb))
                 a0, a, b, c = robust_linear_fit(design, t, lower=(1e-9, -np.inf, -np.inf, 0.0), prior=pri, prior_sd=sd)
                 candidate = (float(a), float(b), float(c))
-                # keep the fit only if it is a usable (non-negative) cost curve
-                if all(a + b * x + c * x * x >= 0 for x in (0.0, 0.5, 1.0)):
+                # keep the fit only if it is a usable cost curve: >= 0 on all of [0, 1],
+                # the very check CostModel applies (a looser one let a fit through that
+                # CostModel then rejected, and the controller's re-plan raised)
+                if theory.beta_mb_min(candidate)[1] >= 0:
                     alpha_mb, coeffs = float(a0), candidate
                     fitted.append("mixed")
         model = CostModel(

@@ -67,6 +67,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ebplus_controller_version", "gauge", (), "Current decision version."),
     MetricSpec("ebplus_controller_updates_total", "counter", (), "Re-estimations performed."),
     MetricSpec("ebplus_controller_update_seconds", "histogram", (), "Time of one re-estimation of the fleet."),
+    MetricSpec("ebplus_controller_plan_errors_total", "counter", (), "Replica re-plans that failed (the replica kept its plan; see the controller log)."),
     MetricSpec("ebplus_telemetry_received_total", "counter", ("kind",), "Telemetry accepted (completions|steps|batches|aborted)."),
     MetricSpec("ebplus_telemetry_rejected_total", "counter", ("reason",), "Telemetry records rejected, by reason."),
     MetricSpec("ebplus_overrides_active", "gauge", (), "Operator overrides in force."),
@@ -150,6 +151,7 @@ def families(snapshot: dict | None, model: str) -> Iterator[Metric]:
     put("ebplus_controller_version", [], snapshot["version"])
     put("ebplus_controller_updates_total", [], snapshot["updates"])
     _histogram(fam["ebplus_controller_update_seconds"], [], snapshot["update_seconds"])
+    put("ebplus_controller_plan_errors_total", [], snapshot.get("plan_errors", 0))
     for kind in ("completions", "steps", "batches", "aborted"):
         put("ebplus_telemetry_received_total", [kind], snapshot["received"].get(kind, 0))
     for reason in sorted({*REJECT_REASONS, *snapshot["rejected"]}):

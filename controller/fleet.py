@@ -20,6 +20,7 @@ the one deployed. It
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections import Counter, deque
@@ -41,6 +42,8 @@ from controller.telemetry import (
     check_step,
 )
 from replicas.phases import Mode, ThresholdUpdate
+
+logger = logging.getLogger("ebplus.controller")
 
 FLEET = "*"
 #: Replicas whose state a controller keeps aside after forgetting them (see ``FleetController.forget``).
@@ -197,6 +200,7 @@ class FleetController:
         self.received: Counter[str] = Counter()  # completions, steps, batches
         self.rejected: Counter[str] = Counter()  # by reason
         self.last_update_seconds = 0.0
+        self.plan_errors = 0  # re-plans of a replica that raised (see recompute)
         self.update_seconds = Histogram(UPDATE_SECONDS_BUCKETS)
         self._saved: dict[str, dict] = {}  # persisted replica state awaiting re-registration
         self._registrations = 0
@@ -453,20 +457,30 @@ class FleetController:
         for replica in self.replicas.values():
             plan = None
             if estimate is not None:
-                # refits are staggered so one update refits about 1/cost_refit_every of the fleet
-                if replica.cost is None or (self.updates + replica.ordinal) % self.config.cost_refit_every == 0:
-                    replica.cost = replica.fitter.fit()
-                plan = replica.planner.plan(
-                    estimate,
-                    replica.cost.model,
-                    replica.kv_capacity_tokens,
-                    replica.concurrency if replica.concurrency is not None else replica.max_num_seqs,
-                    preempted=self._new_preemptions(replica),
-                )
+                try:
+                    plan = self._plan(replica, estimate)
+                except Exception:
+                    # One replica's failed re-plan must not stop the others', nor this
+                    # replica's convergence: it keeps its previous plan under the new
+                    # version, and the failure is logged and counted (plan_errors).
+                    logger.exception("re-plan of replica %s failed; it keeps its previous plan", replica.replica_id)
+                    self.plan_errors += 1
             self._publish(replica, cause, estimate, plan)
         self.last_update_seconds = time.perf_counter() - started
         self.update_seconds.observe(self.last_update_seconds)
         return self.version
+
+    def _plan(self, replica: ReplicaState, estimate: Estimate) -> Plan:
+        # refits are staggered so one update refits about 1/cost_refit_every of the fleet
+        if replica.cost is None or (self.updates + replica.ordinal) % self.config.cost_refit_every == 0:
+            replica.cost = replica.fitter.fit()
+        return replica.planner.plan(
+            estimate,
+            replica.cost.model,
+            replica.kv_capacity_tokens,
+            replica.concurrency if replica.concurrency is not None else replica.max_num_seqs,
+            preempted=self._new_preemptions(replica),
+        )
 
     def _publish(self, replica: ReplicaState, cause: str, estimate: Estimate | None, plan: Plan | None) -> None:
         previous = replica.current.active
@@ -621,6 +635,7 @@ class FleetController:
             "completions": self.workload.completions,
             "received": dict(self.received),
             "rejected": dict(self.rejected),
+            "plan_errors": self.plan_errors,
             "overrides": {key: ov.as_dict() for key, ov in self.overrides.items()},
             "last_update_seconds": self.last_update_seconds,
             "update_seconds": self.update_seconds.as_dict(),
@@ -652,6 +667,7 @@ class FleetController:
             "history": self.history_view(),
             "received": dict(self.received),
             "rejected": dict(self.rejected),
+            "plan_errors": self.plan_errors,
             "update_seconds": self.update_seconds.as_dict(),
         }
 
@@ -696,5 +712,6 @@ class FleetController:
         self.history.extend(Decision(**d) for d in state.get("history", []))
         self.received.update(state.get("received", {}))
         self.rejected.update(state.get("rejected", {}))
+        self.plan_errors = int(state.get("plan_errors", 0))
         if "update_seconds" in state:
             self.update_seconds = Histogram.from_dict(state["update_seconds"])

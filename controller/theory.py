@@ -274,6 +274,21 @@ def beta_mb(r: float, coeffs: Sequence[float]) -> float:
     return a + b * r + c * r * r
 
 
+def beta_mb_min(coeffs: Sequence[float]) -> tuple[float, float]:
+    """``(r, beta_mb(r))`` at the minimum of the mixed-step cost curve over ``r`` in [0, 1].
+
+    Exact: the minimum of a quadratic on an interval is at an end or, for a convex
+    curve (``c > 0``), at its vertex ``-b / 2c`` when that lies inside. A check at a
+    few sample points is not enough: a convex curve can be >= 0 at r = 0, 0.5, 1
+    and negative in between.
+    """
+    candidates = [0.0, 1.0]
+    _, b, c = coeffs
+    if c > 0 and 0.0 < -b / (2.0 * c) < 1.0:
+        candidates.append(-b / (2.0 * c))
+    return min(((r, beta_mb(r, coeffs)) for r in candidates), key=lambda rv: rv[1])
+
+
 def tp_eb(
     k: int,
     n: int,

@@ -302,8 +302,16 @@ def control_plane() -> Dashboard:
                     ),
                     Panel(
                         "Re-estimations per minute",
-                        "Controller updates (one every update_every completions, plus overrides and manual recomputes).",
-                        [Target(f"60 * sum(rate({metric('ebplus_controller_updates_total')}[{RATE}]))", "updates/min")],
+                        "Controller updates (one every update_every completions, plus overrides and manual recomputes), "
+                        "and replica re-plans that failed (the replica kept its plan; anything above 0 is a bug: "
+                        "see the controller log).",
+                        [
+                            Target(f"60 * sum(rate({metric('ebplus_controller_updates_total')}[{RATE}]))", "updates/min"),
+                            Target(
+                                f"60 * sum(rate({metric('ebplus_controller_plan_errors_total')}[{RATE}]))",
+                                "failed re-plans/min",
+                            ),
+                        ],
                     ),
                     Panel(
                         "Telemetry received",

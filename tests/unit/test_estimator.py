@@ -199,3 +199,22 @@ def test_step_seconds_kinds() -> None:
     mixed = TRUE.step_seconds(30, 10)
     assert mixed == pytest.approx(2.5e-3 + 40 * TRUE.beta_mixed(0.25))
     assert list(itertools.islice(synthetic_steps(np.random.default_rng(0), 3), 3))
+
+
+def test_mixed_fit_that_dips_below_zero_keeps_the_prior() -> None:
+    """Mixed steps priced by a curve that is >= 0 at r = 0, 0.5, 1 but negative near r = 0.25:
+    the fit finds that curve, which no CostModel accepts, so the prior's curve is kept
+    (the fitter must never hand back a model that fails validation: the controller's
+    re-plan raised on exactly this)."""
+    dip = (9e-6, -8e-5, 1.6e-4)
+    fitter = CostModelFitter(TRUE, min_steps=20, prior_sd=1e3)  # a weak prior: the data decide
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        n = int(rng.integers(64, 2048))
+        r = float(rng.uniform(0.0, 1.0))
+        d = max(1, min(n - 1, round(r * n)))
+        share = d / n
+        fitter.observe_step(n - d, d, 2.5e-3 + n * (dip[0] + dip[1] * share + dip[2] * share * share))
+    fit = fitter.fit()
+    assert "mixed" not in fit.fitted
+    assert fit.model.beta_mb == TRUE.beta_mb and fit.model.alpha_mb == TRUE.alpha_mb

@@ -69,6 +69,7 @@ def test_values_match_snapshot() -> None:
     assert value("ebplus_phase_switches_total", replica="r0") == 7
     assert value("ebplus_step_seconds_count", replica="r0", kind="mixed") == 3
     assert value("ebplus_overrides_active") == 1
+    assert value("ebplus_controller_plan_errors_total") == snap["plan_errors"] == 0
     assert value("ebplus_controller_up") == 1
 
 

@@ -219,3 +219,29 @@ def test_pinned_k_follows_a_lowered_n(fleet: FleetController) -> None:
         fleet.ingest(TelemetryBatch("rtx-0", completions(100, seed=i), steps(10)))
     t = fleet.thresholds("rtx-0")
     assert t.n < 900 and t.k == t.n
+
+
+def test_a_failing_replan_leaves_the_replica_on_its_plan_and_the_fleet_converging(
+    fleet: FleetController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One replica's re-plan raising (here: its cost fit) must not stop the others' re-plan nor
+    freeze that replica on an old version: it keeps its last plan under the new version, counted."""
+    fleet.ingest(TelemetryBatch("h200-0", completions(100), steps(10)))
+    planned = {rid: fleet.replicas[rid].planner.last for rid in fleet.replicas}
+    assert all(planned.values())
+
+    def broken_fit():
+        raise ValueError("fit failed")
+
+    rtx = fleet.replicas["rtx-0"]
+    rtx.cost = None  # refit at the next update, as after a controller restart
+    monkeypatch.setattr(rtx.fitter, "fit", broken_fit)
+    version = fleet.recompute("test")
+    assert fleet.plan_errors == 1
+    assert {rid: fleet.thresholds(rid).version for rid in fleet.replicas} == {"h200-0": version, "rtx-0": version}
+    assert rtx.planner.last is planned["rtx-0"]  # kept
+    assert fleet.replicas["h200-0"].planner.last is not planned["h200-0"]  # re-planned
+    assert fleet.snapshot()["plan_errors"] == 1
+    resumed = FleetController(fleet.config)
+    resumed.restore(json.loads(json.dumps(fleet.state())))
+    assert resumed.plan_errors == 1

@@ -6,11 +6,13 @@ import itertools
 import math
 
 import mpmath
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller import theory
+from controller.cost_model import CostModel
 
 H200 = dict(alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5)
 RTX = dict(alpha_p=4.691e-3, beta_p=5.008e-5, alpha_d=1.0376e-2, beta_d=1.0388e-4)
@@ -213,3 +215,22 @@ def test_beta_mb_validates() -> None:
         theory.beta_mb(1.5, (1.0, 2.0, 4.0))
     with pytest.raises(ValueError, match="3 coefficients"):
         theory.beta_mb(0.5, (1.0, 2.0))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_beta_mb_min_is_the_minimum_on_the_interval(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    grid = np.linspace(0.0, 1.0, 2001)
+    for _ in range(200):
+        coeffs = tuple(float(x) for x in rng.normal(0.0, 1e-4, size=3))
+        r, low = theory.beta_mb_min(coeffs)
+        assert 0.0 <= r <= 1.0 and low == pytest.approx(theory.beta_mb(r, coeffs))
+        assert low <= min(theory.beta_mb(float(x), coeffs) for x in grid) + 1e-15
+
+
+def test_cost_model_rejects_a_curve_that_dips_below_zero_between_samples() -> None:
+    # >= 0 at r = 0, 0.5 and 1, negative around its vertex r = 0.25
+    dip = (9e-6, -8e-5, 1.6e-4)
+    assert all(theory.beta_mb(r, dip) >= 0 for r in (0.0, 0.5, 1.0))
+    with pytest.raises(ValueError, match=r"beta_mb\(r\) must be >= 0 on \[0, 1\]; -1e-06 at r=0.25"):
+        CostModel(alpha_p=1e-3, beta_p=1e-5, alpha_d=1e-3, beta_d=1e-5, beta_mb=dip)
