@@ -155,6 +155,7 @@ class ReplicaState:
     mode_switches: int = 0  # changes of the active policy published to this replica
     engine_stats: dict = field(default_factory=dict)  # cumulative counters reported by the replica
     preemptions_seen: int | None = None  # engine_stats["preemptions"] at the last plan
+    completed_since_plan: int = 0  # completions from this replica since its last plan
     next_completion: int = -1  # running index of the next completion record expected (-1: unknown)
     next_step: int = -1  # same for step records
     step_seconds: dict[str, Histogram] = field(default_factory=dict)  # by step phase
@@ -338,11 +339,14 @@ class FleetController:
         completions = self._fresh(replica, "next_completion", batch, "completions", "completions_from")
         steps = self._fresh(replica, "next_step", batch, "steps", "steps_from")
         self._ingest_completions(completions)
+        replica.completed_since_plan += len(completions)
         self._ingest_steps(replica, steps)
         if self.workload.update_due():
             self.recompute("periodic")
         elif self._concurrency_moved(replica):
             self.recompute("concurrency")
+        elif self._cold_switch(replica):
+            self.recompute("cold")
         self._expire_overrides()
         return replica.current
 
@@ -390,6 +394,16 @@ class FleetController:
         c = max(replica.concurrency, 1.0)
         return not (last.n_obs / ratio <= c <= last.n_obs * ratio)
 
+    def _cold_switch(self, replica: ReplicaState) -> bool:
+        """Before the first estimate, an ``auto`` replica may leave MB for EB on its prior alone
+        (:meth:`ThresholdPlanner.cold_choice`); True when it just did."""
+        if self.workload.estimate is not None or replica.mode is not Mode.AUTO or replica.concurrency is None:
+            return False
+        reason = replica.planner.cold_choice(replica.cost_model, replica.kv_capacity_tokens, replica.concurrency)
+        if reason is not None:
+            logger.info("replica %s: %s", replica.replica_id, reason)
+        return reason is not None
+
     def _ingest_completions(self, records) -> None:
         for raw in records:
             rec = check_completion(raw)
@@ -417,6 +431,12 @@ class FleetController:
         seen = replica.preemptions_seen
         replica.preemptions_seen = int(total)
         return 0 if seen is None else max(0, int(total) - seen)
+
+    @staticmethod
+    def _new_completions(replica: ReplicaState) -> int:
+        """Completions the replica sent since the last plan (the denominator of its preemption rate)."""
+        n, replica.completed_since_plan = replica.completed_since_plan, 0
+        return n
 
     def _ingest_engine_stats(self, replica: ReplicaState, extra: object) -> None:
         """Cumulative engine counters (steps by phase, phase switches, preemptions...)."""
@@ -480,6 +500,7 @@ class FleetController:
             replica.kv_capacity_tokens,
             replica.concurrency if replica.concurrency is not None else replica.max_num_seqs,
             preempted=self._new_preemptions(replica),
+            completed=self._new_completions(replica),
         )
 
     def _publish(self, replica: ReplicaState, cause: str, estimate: Estimate | None, plan: Plan | None) -> None:

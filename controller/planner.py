@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,6 +28,8 @@ from controller import theory
 from controller.cost_model import CostModel
 from controller.estimator import Estimate
 from replicas.phases import Mode, ThresholdUpdate
+
+TokenMean = Annotated[float, Field(ge=1, le=1e7)]  # a mean length in tokens (mu_L, mu_O)
 
 
 class PlannerConfig(BaseModel):
@@ -69,6 +71,16 @@ class PlannerConfig(BaseModel):
             "can still overflow the cache, and preemptions are the replica's direct report of that."
         ),
     )
+    kv_backoff_tolerance: float = Field(
+        0.03,
+        ge=0,
+        description=(
+            "Preemptions per completion an update window may have without kv_backoff (0: back off on any "
+            "preemption). Recomputing a preempted request costs less than an under-filled decode batch on a "
+            "bandwidth-limited GPU: backing off at the first preemption cost 2-4% of throughput on "
+            "decode-heavy traffic in the simulator (bench/RESULTS.md)."
+        ),
+    )
     kv_recover: float = Field(
         1.02, ge=1, description="Each update window without preemptions restores usable KV by this factor (to 1)."
     )
@@ -101,6 +113,15 @@ class PlannerConfig(BaseModel):
         ),
     )
     cooldown_reset: float = Field(2.0, gt=1, description="Concurrency ratio that ends a cooldown early.")
+    cold_workloads: tuple[tuple[TokenMean, TokenMean], ...] = Field(
+        ((128.0, 1024.0), (512.0, 512.0), (1024.0, 128.0), (512.0, 256.0)),
+        description=(
+            "(mu_L, mu_O) pairs for the decision before the first estimate: EB+ starts in MB (the authors' "
+            "default) and leaves it for EB only if the prior cost model prefers EB, at the observed "
+            "concurrency, for every one of these workloads (geometric outputs assumed). The default is the "
+            "paper's four synthetic workloads; () keeps MB until the first estimate."
+        ),
+    )
     min_concurrency: float = Field(16.0, ge=0, description="No EB/MB decision while observed concurrency is lower.")
     theta_min: float = Field(theory.THETA_MIN, gt=0, lt=1, description="Lower clamp of theta*.")
     theta_max: float = Field(theory.THETA_MAX, gt=0, lt=1, description="Upper clamp of theta*.")
@@ -164,6 +185,20 @@ class Plan:
         return cls(**{**d, "active": Mode(d["active"]), "crossover": crossover})
 
 
+@dataclass(frozen=True)
+class _Thresholds:
+    """What :meth:`ThresholdPlanner._thresholds` computes for one estimate."""
+
+    ts: theory.ThetaStar
+    theta: float
+    n_star_paper: int
+    n_star_clt: int
+    n_cap: int
+    n_obs: float
+    n_eb: int
+    k: int
+
+
 @dataclass
 class PlannerState:
     """The mutable part, kept explicit so it can be persisted and restored."""
@@ -196,21 +231,62 @@ class ThresholdPlanner:
         return ThresholdUpdate(mode=mode, k=k, n=n, version=version, active=self.state.active)
 
     def plan(
-        self, estimate: Estimate, cost: CostModel, kv_capacity_tokens: float, n_obs: float, preempted: int = 0
+        self,
+        estimate: Estimate,
+        cost: CostModel,
+        kv_capacity_tokens: float,
+        n_obs: float,
+        preempted: int = 0,
+        completed: int = 0,
     ) -> Plan:
         """Recompute theta*, N*, k and the EB/MB choice from the newest estimate.
 
-        ``preempted``: preemptions the replica reported since the previous plan
-        (``kv_backoff`` shrinks the capacity N* is sized for; clean windows restore it).
+        ``preempted``, ``completed``: preemptions and completions the replica reported
+        since the previous plan. More than ``kv_backoff_tolerance`` preemptions per
+        completion shrink the capacity N* is sized for (``kv_backoff``); other windows
+        restore it.
         """
         cfg, st = self.config, self.state
-        if preempted > 0:
+        if preempted > cfg.kv_backoff_tolerance * completed:
             st.kv_scale *= cfg.kv_backoff
         else:
             st.kv_scale = min(1.0, st.kv_scale * cfg.kv_recover)
         # the closed forms have no KV term: price it at this workload's mean decode context
         cost = cost.folded(estimate.decode_context)
-        n_prev = st.n_cap or cfg.max_num_seqs
+        th = self._thresholds(estimate, cost, kv_capacity_tokens * st.kv_scale, n_obs, st.n_cap, st.theta)
+        active, switched, xo, reason = self._choose_mode(estimate, cost, th.k, th.n_eb, th.n_obs)
+        st.theta, st.n_cap, st.plans = th.theta, th.n_cap, st.plans + 1
+        self.last = Plan(
+            theta0=th.ts.theta0,
+            delta_theta=th.ts.delta_theta,
+            theta_star=th.ts.theta_star,
+            theta=th.theta,
+            n_star_paper=th.n_star_paper,
+            n_star_clt=th.n_star_clt,
+            n_cap=th.n_cap,
+            n_obs=th.n_obs,
+            n_eb=th.n_eb,
+            k=th.k,
+            active=active,
+            switched=switched,
+            crossover=xo,
+            reason=reason,
+            kv_scale=st.kv_scale,
+        )
+        return self.last
+
+    def _thresholds(
+        self,
+        estimate: Estimate,
+        cost: CostModel,
+        kv_tokens: float,
+        n_obs: float,
+        n_prev: int | None,
+        theta_prev: float | None,
+    ) -> _Thresholds:
+        """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's."""
+        cfg = self.config
+        n_prev = n_prev or cfg.max_num_seqs
         ts = theory.theta_star(
             estimate.p0,
             estimate.eta,
@@ -222,10 +298,10 @@ class ThresholdPlanner:
             theta_max=cfg.theta_max,
             delta_max_factor=cfg.delta_max_factor,
         )
-        theta = ts.theta_star if st.theta is None else st.theta + cfg.theta_ema * (ts.theta_star - st.theta)
+        theta = ts.theta_star if theta_prev is None else theta_prev + cfg.theta_ema * (ts.theta_star - theta_prev)
         # eqs. (6) and the CLT form use 1/p0 as the mean age of a running request (geometric outputs)
         p_age = estimate.p0 if cfg.n_star_age == "geometric" else min(1.0, 1.0 / max(estimate.mean_age, 1.0))
-        n_args = (kv_capacity_tokens * st.kv_scale, cfg.eps, p_age, estimate.mu_l, ts.theta0, cfg.max_num_seqs)
+        n_args = (kv_tokens, cfg.eps, p_age, estimate.mu_l, ts.theta0, cfg.max_num_seqs)
         n_paper = theory.n_star_paper(*n_args)
         n_clt = theory.n_star_clt(*n_args)
         n_star = n_clt if cfg.n_star_method == "clt" else n_paper
@@ -234,27 +310,47 @@ class ThresholdPlanner:
         n_obs_f = max(float(n_obs), 1.0)
         n_eb = max(2, min(n_cap, math.ceil(n_obs_f)))
         k = min(theory.k_star(theta, n_eb), n_eb - 1)
+        return _Thresholds(ts, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k)
 
-        active, switched, xo, reason = self._choose_mode(estimate, cost, k, n_eb, n_obs_f)
-        st.theta, st.n_cap, st.plans = theta, n_cap, st.plans + 1
-        self.last = Plan(
-            theta0=ts.theta0,
-            delta_theta=ts.delta_theta,
-            theta_star=ts.theta_star,
-            theta=theta,
-            n_star_paper=n_paper,
-            n_star_clt=n_clt,
-            n_cap=n_cap,
-            n_obs=n_obs_f,
-            n_eb=n_eb,
-            k=k,
-            active=active,
-            switched=switched,
-            crossover=xo,
-            reason=reason,
-            kv_scale=st.kv_scale,
-        )
-        return self.last
+    def cold_choice(self, cost: CostModel, kv_capacity_tokens: float, n_obs: float) -> str | None:
+        """Before the first estimate: switch MB -> EB if the prior prefers EB whatever the workload.
+
+        Nothing is known of the traffic yet but the observed concurrency, so EB+ leaves its
+        cold MB only for a choice that does not depend on the unknown: EB must beat MB by
+        the hysteresis band for every workload of ``cold_workloads``, each planned as a
+        first estimate would be (theta*, N*, k for geometric outputs of that mean). On a
+        bandwidth-limited GPU at high concurrency that holds and saves the cold period
+        in the slower mode; at low concurrency, or on a GPU where the answer depends on
+        the traffic, nothing changes. Returns the reason when it switched, else ``None``.
+        """
+        cfg, st = self.config, self.state
+        if self.last is not None or st.active is not Mode.MB or not cfg.cold_workloads:
+            return None
+        if n_obs < cfg.min_concurrency:
+            return None
+        margins = []
+        for mu_l, mu_o in cfg.cold_workloads:
+            guess = Estimate(
+                p0=1.0 / mu_o,
+                eta=0.0,
+                mu_l=mu_l,
+                mu_o=mu_o,
+                n_samples=0,
+                n_censored=0,
+                t_lo=0,
+                t_hi=0,
+                method="cold prior",
+                timestamp=0.0,
+                mu_o_sq=2.0 * mu_o * mu_o,
+            )
+            folded = cost.folded(guess.decode_context)
+            th = self._thresholds(guess, folded, kv_capacity_tokens * st.kv_scale, n_obs, None, None)
+            xo = self._crossover(guess, folded, th.k, th.n_eb)
+            if xo.margin >= -self._band(xo, guess, Mode.MB):
+                return None
+            margins.append(xo.margin)
+        st.active = Mode.EB
+        return f"cold: EB wins on all {len(margins)} prior workloads (margins {min(margins):.3g}..{max(margins):.3g} s/token)"
 
     def _choose_mode(
         self, estimate: Estimate, cost: CostModel, k: int, n_eb: int, n_obs: float
@@ -263,25 +359,12 @@ class ThresholdPlanner:
         st.since_switch += 1
         if n_obs < cfg.min_concurrency:
             return st.active, False, None, f"hold: concurrency {n_obs:.1f} < {cfg.min_concurrency:g}"
-        xo = theory.crossover(
-            k,
-            n_eb,
-            cost.alpha_p,
-            cost.alpha_d,
-            cost.beta_p,
-            cost.beta_d,
-            cost.beta_mb,
-            estimate.mu_l,
-            estimate.mu_o,
-            alpha_mb=cost.alpha_mixed,
-        )
+        xo = self._crossover(estimate, cost, k, n_eb)
         ref = st.n_obs_at_switch
         moved = ref is not None and not (ref / cfg.cooldown_reset <= n_obs <= ref * cfg.cooldown_reset)
         if st.since_switch <= cfg.cooldown and not moved:
             return st.active, False, xo, f"hold: cooldown ({st.since_switch}/{cfg.cooldown} updates)"
-        # per-token time of the mode running now: the relative margin is a fraction of it
-        per_token = 1.0 / ((xo.tp_eb if st.active is Mode.EB else xo.tp_mb) * (estimate.mu_l + estimate.mu_o))
-        band = cfg.delta + cfg.delta_rel * per_token
+        band = self._band(xo, estimate, st.active)
         if st.active is Mode.EB and xo.margin > cfg.sticky_eb * band:
             target = Mode.MB
         elif st.active is Mode.MB and xo.margin < -band:
@@ -296,6 +379,26 @@ class ThresholdPlanner:
             )
         st.active, st.since_switch, st.n_obs_at_switch = target, 0, n_obs
         return target, True, xo, f"switch to {target.value}: margin {xo.margin:.3g} s/token"
+
+    @staticmethod
+    def _crossover(estimate: Estimate, cost: CostModel, k: int, n_eb: int) -> theory.Crossover:
+        return theory.crossover(
+            k,
+            n_eb,
+            cost.alpha_p,
+            cost.alpha_d,
+            cost.beta_p,
+            cost.beta_d,
+            cost.beta_mb,
+            estimate.mu_l,
+            estimate.mu_o,
+            alpha_mb=cost.alpha_mixed,
+        )
+
+    def _band(self, xo: theory.Crossover, estimate: Estimate, active: Mode) -> float:
+        """Hysteresis margin (s/token): ``delta`` plus ``delta_rel`` of the running mode's per-token time."""
+        per_token = 1.0 / ((xo.tp_eb if active is Mode.EB else xo.tp_mb) * (estimate.mu_l + estimate.mu_o))
+        return self.config.delta + self.config.delta_rel * per_token
 
     def update_for(self, mode: Mode, version: int) -> ThresholdUpdate:
         """The message for a replica configured in ``mode`` after the latest plan."""

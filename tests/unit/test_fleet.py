@@ -9,6 +9,7 @@ import pytest
 
 from controller.cost_model import CostModel
 from controller.fleet import ControllerConfig, FleetController, OverrideError
+from controller.planner import PlannerConfig
 from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
 from replicas.phases import Mode
 
@@ -35,7 +36,9 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def fleet(clock: FakeClock) -> FleetController:
-    fc = FleetController(ControllerConfig(update_every=100, first_update=100), clock=clock)
+    # no cold EB decision (test_cold_*): these tests count versions from the M-completion cadence
+    config = ControllerConfig(update_every=100, first_update=100, planner=PlannerConfig(cold_workloads=()))
+    fc = FleetController(config, clock=clock)
     fc.register("h200-0", Mode.AUTO, 2_000_000, 1024, H200)
     fc.register("rtx-0", Mode.AUTO, 600_000, 1024, RTX)
     return fc
@@ -245,3 +248,24 @@ def test_a_failing_replan_leaves_the_replica_on_its_plan_and_the_fleet_convergin
     resumed = FleetController(fleet.config)
     resumed.restore(json.loads(json.dumps(fleet.state())))
     assert resumed.plan_errors == 1
+
+
+def test_cold_auto_replica_leaves_mb_when_the_prior_prefers_eb_for_any_workload(clock: FakeClock) -> None:
+    """Before any estimate: an auto RTX PRO 6000 replica under a 2048-deep load switches to EB
+    (cause "cold", a new version for the whole fleet); an mb-configured one and an idle one do not."""
+    from controller.cost_model import resolve_profile
+
+    rtx = resolve_profile("rtx-pro-6000")
+    fc = FleetController(ControllerConfig(concurrency_ema=1.0), clock=clock)
+    fc.register("busy", Mode.AUTO, rtx.kv_capacity_tokens, 2048, rtx.cost_model())
+    fc.register("idle", Mode.AUTO, rtx.kv_capacity_tokens, 2048, rtx.cost_model())
+    fc.register("pinned", Mode.MB, rtx.kv_capacity_tokens, 2048, rtx.cost_model())
+    fc.ingest(TelemetryBatch("idle", (), (StepRecord(0, 4, 4, 0, 0.05),)))
+    fc.ingest(TelemetryBatch("pinned", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
+    assert fc.version == 0
+    fc.ingest(TelemetryBatch("busy", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
+    assert fc.version == 1 and fc.history[-1].cause == "cold" and fc.workload.estimate is None
+    current = {rid: (fc.thresholds(rid).active, fc.thresholds(rid).version) for rid in fc.replicas}
+    assert current == {"busy": (Mode.EB, 1), "idle": (Mode.MB, 1), "pinned": (Mode.MB, 1)}
+    fc.ingest(TelemetryBatch("busy", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
+    assert fc.version == 1  # decided once

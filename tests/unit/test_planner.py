@@ -128,8 +128,79 @@ def test_plan_round_trips_through_dict() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("eps", 0.0), ("n_star_method", "magic"), ("max_num_seqs", 1), ("theta_min", 0.9)]
+    ("field", "value"),
+    [
+        ("eps", 0.0),
+        ("n_star_method", "magic"),
+        ("max_num_seqs", 1),
+        ("theta_min", 0.9),
+        ("cold_workloads", [[512, 0]]),
+        ("cold_workloads", [[512]]),
+        ("kv_backoff_tolerance", -0.1),
+    ],
 )
 def test_config_rejects_bad_values(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         PlannerConfig(**{field: value})
+
+
+# -- cold start: before the first estimate ------------------------------------------------------
+
+
+def shipped(name: str) -> tuple[CostModel, int]:
+    from controller.cost_model import resolve_profile
+
+    prof = resolve_profile(name)
+    return prof.cost_model(), prof.kv_capacity_tokens
+
+
+@pytest.mark.parametrize("n_obs", [512.0, 2048.0])
+def test_cold_choice_leaves_mb_when_eb_wins_whatever_the_workload(n_obs: float) -> None:
+    """RTX PRO 6000 (bandwidth-limited) at high concurrency: EB wins on each of the paper's workloads."""
+    cost, kv = shipped("rtx-pro-6000")
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=2048))
+    reason = p.cold_choice(cost, kv, n_obs)
+    assert reason is not None and reason.startswith("cold: EB wins on all 4")
+    assert p.state.active is Mode.EB and p.last is None
+    assert p.cold_update(Mode.AUTO).active is Mode.EB
+    assert p.cold_choice(cost, kv, n_obs) is None  # decided: nothing more until the first estimate
+
+
+def test_cold_choice_each_workload_is_planned_like_a_first_estimate() -> None:
+    """The rule is exactly: EB beats MB by the band on every prior workload, as plan() would see it."""
+    cost, kv = shipped("rtx-pro-6000")
+    cfg = PlannerConfig(max_num_seqs=2048)
+    for n_obs in (16.0, 32.0, 64.0, 128.0, 512.0, 2048.0):
+        wins = []
+        for mu_l, mu_o in cfg.cold_workloads:
+            first = ThresholdPlanner(cfg)
+            guess = estimate(p0=1 / mu_o, mu_l=mu_l)
+            guess = Estimate(**{**guess.__dict__, "mu_o_sq": 2 * mu_o * mu_o})
+            plan = first.plan(guess, cost, kv, n_obs)
+            band = cfg.delta_rel / (plan.crossover.tp_mb * (mu_l + mu_o))
+            wins.append(plan.crossover.margin < -band)
+        assert (ThresholdPlanner(cfg).cold_choice(cost, kv, n_obs) is not None) == all(wins), n_obs
+
+
+def test_cold_choice_keeps_mb_when_the_workload_decides() -> None:
+    """RTX PRO 6000 at c = 32: MB wins for some workloads, so the cold MB stays."""
+    cost, kv = shipped("rtx-pro-6000")
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=2048))
+    assert p.cold_choice(cost, kv, 32.0) is None and p.state.active is Mode.MB
+
+
+@pytest.mark.parametrize(
+    ("config", "n_obs", "planned"),
+    [
+        (PlannerConfig(max_num_seqs=2048, cold_workloads=()), 2048.0, False),  # disabled
+        (PlannerConfig(max_num_seqs=2048), 8.0, False),  # below min_concurrency
+        (PlannerConfig(max_num_seqs=2048), 2048.0, True),  # an estimate exists: plan() decides
+    ],
+)
+def test_cold_choice_only_applies_cold_and_busy(config: PlannerConfig, n_obs: float, planned: bool) -> None:
+    cost, kv = shipped("rtx-pro-6000")
+    p = ThresholdPlanner(config)
+    if planned:
+        p.plan(estimate(), cost, kv, 8.0)  # a plan held in MB (low concurrency)
+    assert p.cold_choice(cost, kv, n_obs) is None
+    assert p.state.active is Mode.MB

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import difflib
 import enum
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -116,6 +117,8 @@ def readme_default(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, str):
         return f'`"{value}"`'
+    if isinstance(value, tuple | list):  # as YAML/JSON writes it
+        return f"`{json.dumps(value)}`"
     return f"`{value!r}`"
 
 

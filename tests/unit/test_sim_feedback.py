@@ -150,6 +150,15 @@ def test_preemptions_shrink_n_and_clean_windows_restore_it() -> None:
     assert last.kv_scale == 1.0 and last.n_cap == base
 
 
+@pytest.mark.parametrize(("preempted", "backs_off"), [(3, False), (4, True)])
+def test_preemptions_within_the_tolerance_do_not_shrink_n(preempted: int, backs_off: bool) -> None:
+    """kv_backoff_tolerance = 0.03: 3 preemptions per 100 completions are tolerated, 4 are not."""
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=4096, kv_backoff=0.9, kv_backoff_tolerance=0.03))
+    base = p.plan(estimate(), KV, 400_000, 9999).n_cap
+    after = p.plan(estimate(), KV, 400_000, 9999, preempted=preempted, completed=100)
+    assert (after.kv_scale < 1.0) == backs_off and (after.n_cap < base) == backs_off
+
+
 def test_cooldown_ends_when_the_load_changes() -> None:
     p = ThresholdPlanner(PlannerConfig(max_num_seqs=1024, cooldown=3))
     assert p.plan(estimate(), mixing_cost(4e-5), 10**9, 1000).active is Mode.EB
@@ -193,11 +202,13 @@ def test_replans_when_concurrency_moves() -> None:
 
 
 def test_engine_preemptions_feed_the_planner() -> None:
-    fc = _fleet(first_update=30, update_every=30)
+    fc = _fleet(first_update=100, update_every=100)
     stats = lambda n: {"engine_stats": {"preemptions": n}}  # noqa: E731
-    fc.ingest(TelemetryBatch("r", _completions(30, 0), extra=stats(0)))
+    fc.ingest(TelemetryBatch("r", _completions(100, 0), extra=stats(0)))
     assert fc.replicas["r"].planner.state.kv_scale == 1.0
-    fc.ingest(TelemetryBatch("r", _completions(30, 1), extra=stats(7)))
-    assert fc.replicas["r"].planner.state.kv_scale < 1.0
+    fc.ingest(TelemetryBatch("r", _completions(100, 1), extra=stats(3)))
+    assert fc.replicas["r"].planner.state.kv_scale == 1.0  # 3 per 100 completions: tolerated
+    fc.ingest(TelemetryBatch("r", _completions(100, 2), extra=stats(7)))
+    assert fc.replicas["r"].planner.state.kv_scale < 1.0  # 4 per 100: not
     saved = fc.state()["replicas"]["r"]["planner"]
     assert saved["kv_scale"] < 1.0
