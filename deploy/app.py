@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from controller import theory
 from deploy.config import ServeConfig, parse_config
 
 SCHEDULER_CLS = "replicas.scheduler.EBPlusScheduler"
@@ -54,8 +55,10 @@ def request_limits(cfg: ServeConfig) -> dict[str, str]:
 def engine_env(cfg: ServeConfig) -> dict[str, str]:
     """Environment of the replica processes (vLLM's and the scheduler's start-up settings)."""
     env = {"EBPLUS_MODE": cfg.scheduler.mode.value, **request_limits(cfg)}
-    if cfg.scheduler.k is not None:
-        env["EBPLUS_K"] = str(cfg.scheduler.k)
+    n = cfg.scheduler.n or cfg.engine.max_num_seqs
+    # k before the controller's first reply: the configured cold theta, as the controller's own cold plan
+    k = cfg.scheduler.k or theory.k_star(cfg.controller.planner.theta_cold, n)
+    env["EBPLUS_K"] = str(k)
     if cfg.scheduler.n is not None:
         env["EBPLUS_N"] = str(cfg.scheduler.n)
     if cfg.engine.cpu_kv_cache_gib is not None:

@@ -336,3 +336,17 @@ def test_chat_messages_of_the_wrong_shape_are_400_not_500(monkeypatch: pytest.Mo
 
     (err,) = asyncio.run(collect())
     assert isinstance(err, ErrorResponse) and err.error.code == 400 and "invalid request" in err.error.message
+
+
+def test_replicas_start_with_the_configured_cold_theta() -> None:
+    """Before the controller's first reply a replica runs k = floor(theta_cold * N) of *this* config."""
+    from deploy.app import engine_env
+    from deploy.config import parse_config
+
+    cfg = parse_config({"engine": {"max_num_seqs": 64}, "controller": {"planner": {"theta_cold": 0.25}}})
+    assert engine_env(cfg)["EBPLUS_K"] == "16"
+    cfg = parse_config({"engine": {"max_num_seqs": 64}, "scheduler": {"n": 40}})
+    assert engine_env(cfg)["EBPLUS_K"] == "4"  # default theta_cold 0.10 of N = 40
+    cfg = parse_config({"engine": {"max_num_seqs": 64}, "scheduler": {"k": 7}})
+    assert engine_env(cfg)["EBPLUS_K"] == "7"  # an explicit k wins
+
