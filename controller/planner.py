@@ -137,8 +137,8 @@ class PlannerConfig(BaseModel):
 
 
 @dataclass(frozen=True)
-class Plan:
-    """One decision with everything that produced it (shown by the admin API)."""
+class Thresholds:
+    """theta*, N* and k for one estimate: what a plan sets, before the EB/MB choice."""
 
     theta0: float
     delta_theta: float
@@ -150,6 +150,12 @@ class Plan:
     n_obs: float
     n_eb: int
     k: int
+
+
+@dataclass(frozen=True)
+class Plan(Thresholds):
+    """One decision with everything that produced it (shown by the admin API)."""
+
     active: Mode  # EB or MB
     switched: bool
     crossover: theory.Crossover | None
@@ -183,20 +189,6 @@ class Plan:
         if xo is not None:
             crossover = theory.Crossover(**{**xo, "winner": theory.Winner(xo["winner"])})
         return cls(**{**d, "active": Mode(d["active"]), "crossover": crossover})
-
-
-@dataclass(frozen=True)
-class _Thresholds:
-    """What :meth:`ThresholdPlanner._thresholds` computes for one estimate."""
-
-    ts: theory.ThetaStar
-    theta: float
-    n_star_paper: int
-    n_star_clt: int
-    n_cap: int
-    n_obs: float
-    n_eb: int
-    k: int
 
 
 @dataclass
@@ -257,21 +249,7 @@ class ThresholdPlanner:
         active, switched, xo, reason = self._choose_mode(estimate, cost, th.k, th.n_eb, th.n_obs)
         st.theta, st.n_cap, st.plans = th.theta, th.n_cap, st.plans + 1
         self.last = Plan(
-            theta0=th.ts.theta0,
-            delta_theta=th.ts.delta_theta,
-            theta_star=th.ts.theta_star,
-            theta=th.theta,
-            n_star_paper=th.n_star_paper,
-            n_star_clt=th.n_star_clt,
-            n_cap=th.n_cap,
-            n_obs=th.n_obs,
-            n_eb=th.n_eb,
-            k=th.k,
-            active=active,
-            switched=switched,
-            crossover=xo,
-            reason=reason,
-            kv_scale=st.kv_scale,
+            **vars(th), active=active, switched=switched, crossover=xo, reason=reason, kv_scale=st.kv_scale
         )
         return self.last
 
@@ -283,7 +261,7 @@ class ThresholdPlanner:
         n_obs: float,
         n_prev: int | None,
         theta_prev: float | None,
-    ) -> _Thresholds:
+    ) -> Thresholds:
         """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's."""
         cfg = self.config
         n_prev = n_prev or cfg.max_num_seqs
@@ -310,7 +288,7 @@ class ThresholdPlanner:
         n_obs_f = max(float(n_obs), 1.0)
         n_eb = max(2, min(n_cap, math.ceil(n_obs_f)))
         k = min(theory.k_star(theta, n_eb), n_eb - 1)
-        return _Thresholds(ts, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k)
+        return Thresholds(ts.theta0, ts.delta_theta, ts.theta_star, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k)
 
     def cold_choice(self, cost: CostModel, kv_capacity_tokens: float, n_obs: float) -> str | None:
         """Before the first estimate: switch MB -> EB if the prior prefers EB whatever the workload.
