@@ -703,6 +703,7 @@ class FleetController:
                 "plans": r.planner.state.plans,
                 "kv_scale": r.planner.state.kv_scale,
                 "n_obs_at_switch": r.planner.state.n_obs_at_switch,
+                "context": r.planner.state.context,
             },
             "last_plan": None if r.planner.last is None else r.planner.last.as_dict(),
             "cost_model": r.cost_model.model_dump(),

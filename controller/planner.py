@@ -65,10 +65,12 @@ class PlannerConfig(BaseModel):
         gt=0,
         le=1,
         description=(
-            "After an update window in which the replica preempted, N* is computed for this fraction of "
-            "the KV capacity (compounding); 1 disables the feedback. N* assumes running requests of "
-            "stationary age and exact estimates; a synchronised cohort at start-up or estimation noise "
-            "can still overflow the cache, and preemptions are the replica's direct report of that."
+            "After an update window with more than kv_backoff_tolerance preemptions per completion, N* is "
+            "computed for a smaller fraction of the KV capacity (compounding): this factor at kv_backoff_full "
+            "preemptions per completion or more, proportionally less below; 1 disables the feedback. N* "
+            "assumes running requests of stationary age and exact estimates; a synchronised cohort at "
+            "start-up or estimation noise can still overflow the cache, and preemptions are the replica's "
+            "direct report of that."
         ),
     )
     kv_backoff_tolerance: float = Field(
@@ -81,10 +83,32 @@ class PlannerConfig(BaseModel):
             "decode-heavy traffic in the simulator (bench/RESULTS.md)."
         ),
     )
+    kv_backoff_full: float = Field(
+        1.0,
+        ge=0,
+        description=(
+            "Preemptions per completion at which a window gets the whole kv_backoff cut; a window between "
+            "kv_backoff_tolerance and this gets a proportional part (0: always the whole cut). A replica "
+            "sized right at the KV edge preempts a few requests per hundred, and a 10% cut for that idled "
+            "a tenth of its decode slots until the slow recovery (L40S decode-heavy: online 0.972 -> 0.983 "
+            "of the best fixed k)."
+        ),
+    )
     kv_recover: float = Field(
         1.02, ge=1, description="Each update window without preemptions restores usable KV by this factor (to 1)."
     )
     n_growth: float = Field(1.5, ge=1, description="N grows at most by this factor per update (shrinks at once).")
+    n_settle: float = Field(
+        0.05,
+        gt=0,
+        description=(
+            "N grows only on a settled estimate: when the workload's mean decode context moved by more than "
+            "this fraction since the previous plan, N may shrink but not grow. In a shift the window of "
+            "completions mixes two workloads and lags in the unsafe direction (the new workload's shortest "
+            "requests complete first), so N* computed mid-shift overshoots the KV (H200 distribution shift: "
+            "N 1,251 where ~950 was safe, 1,928 preemptions)."
+        ),
+    )
     delta: float = Field(
         0.0,
         ge=0,
@@ -202,6 +226,7 @@ class PlannerState:
     plans: int = 0
     kv_scale: float = 1.0
     n_obs_at_switch: float | None = None
+    context: float | None = None  # the decode context the last plan was made for (n_settle)
 
 
 class ThresholdPlanner:
@@ -235,19 +260,24 @@ class ThresholdPlanner:
 
         ``preempted``, ``completed``: preemptions and completions the replica reported
         since the previous plan. More than ``kv_backoff_tolerance`` preemptions per
-        completion shrink the capacity N* is sized for (``kv_backoff``); other windows
-        restore it.
+        completion shrink the capacity N* is sized for (``kv_backoff``, in proportion
+        up to ``kv_backoff_full``); other windows restore it.
         """
         cfg, st = self.config, self.state
+        rate = preempted / max(completed, 1)
         if preempted > cfg.kv_backoff_tolerance * completed:
-            st.kv_scale *= cfg.kv_backoff
+            severity = 1.0 if cfg.kv_backoff_full <= 0 else min(1.0, rate / cfg.kv_backoff_full)
+            st.kv_scale *= 1.0 - (1.0 - cfg.kv_backoff) * severity
         else:
             st.kv_scale = min(1.0, st.kv_scale * cfg.kv_recover)
+        context = estimate.decode_context
+        settled = st.context is None or abs(context / st.context - 1.0) <= cfg.n_settle
         # the closed forms have no KV term: price it at this workload's mean decode context
-        cost = cost.folded(estimate.decode_context)
-        th = self._thresholds(estimate, cost, kv_capacity_tokens * st.kv_scale, n_obs, st.n_cap, st.theta)
+        cost = cost.folded(context)
+        kv_tokens = kv_capacity_tokens * st.kv_scale
+        th = self._thresholds(estimate, cost, kv_tokens, n_obs, st.n_cap, st.theta, may_grow=settled)
         active, switched, xo, reason = self._choose_mode(estimate, cost, th.k, th.n_eb, th.n_obs)
-        st.theta, st.n_cap, st.plans = th.theta, th.n_cap, st.plans + 1
+        st.theta, st.n_cap, st.plans, st.context = th.theta, th.n_cap, st.plans + 1, context
         self.last = Plan(
             **vars(th), active=active, switched=switched, crossover=xo, reason=reason, kv_scale=st.kv_scale
         )
@@ -261,8 +291,13 @@ class ThresholdPlanner:
         n_obs: float,
         n_prev: int | None,
         theta_prev: float | None,
+        may_grow: bool = True,
     ) -> Thresholds:
-        """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's."""
+        """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's.
+
+        N shrinks to N* at once; it grows toward N* by at most ``n_growth`` per plan,
+        and only when ``may_grow`` (the estimate has settled, see ``n_settle``).
+        """
         cfg = self.config
         n_prev = n_prev or cfg.max_num_seqs
         ts = theory.theta_star(
@@ -283,8 +318,8 @@ class ThresholdPlanner:
         n_paper = theory.n_star_paper(*n_args)
         n_clt = theory.n_star_clt(*n_args)
         n_star = n_clt if cfg.n_star_method == "clt" else n_paper
-        n_cap = n_star if n_star <= n_prev else min(n_star, math.ceil(n_prev * cfg.n_growth))
-        n_cap = max(2, n_cap)
+        n_grown = min(n_star, math.ceil(n_prev * cfg.n_growth)) if may_grow else n_prev
+        n_cap = max(2, n_star if n_star <= n_prev else n_grown)
         n_obs_f = max(float(n_obs), 1.0)
         n_eb = max(2, min(n_cap, math.ceil(n_obs_f)))
         k = min(theory.k_star(theta, n_eb), n_eb - 1)

@@ -137,6 +137,8 @@ def test_plan_round_trips_through_dict() -> None:
         ("cold_workloads", [[512, 0]]),
         ("cold_workloads", [[512]]),
         ("kv_backoff_tolerance", -0.1),
+        ("kv_backoff_full", -1.0),
+        ("n_settle", 0.0),
     ],
 )
 def test_config_rejects_bad_values(field: str, value: object) -> None:

@@ -1,7 +1,8 @@
 """Controller changes the simulator showed were needed (see bench/RESULTS.md, "Changes to shared modules").
 
 KV-aware and prior-regularised cost fit, KV folded into the closed forms, the
-empirical mean age in N*, relative hysteresis, preemption feedback on N, an early
+empirical mean age in N*, relative hysteresis, preemption feedback on N (in
+proportion to the preemption rate), N growth only on a settled estimate, an early
 first estimate, re-planning on concurrency shifts, and cooldowns that end when
 the load they were made for is gone.
 """
@@ -157,6 +158,40 @@ def test_preemptions_within_the_tolerance_do_not_shrink_n(preempted: int, backs_
     base = p.plan(estimate(), KV, 400_000, 9999).n_cap
     after = p.plan(estimate(), KV, 400_000, 9999, preempted=preempted, completed=100)
     assert (after.kv_scale < 1.0) == backs_off and (after.n_cap < base) == backs_off
+
+
+def test_backoff_is_proportional_to_the_preemption_rate() -> None:
+    """Just over the tolerance the cut is a sliver of kv_backoff; at kv_backoff_full it is all of it."""
+    cfg = PlannerConfig(max_num_seqs=4096, kv_backoff=0.9, kv_backoff_tolerance=0.03, kv_backoff_full=1.0)
+    scales = {}
+    for preempted in (5, 50, 100, 400):
+        p = ThresholdPlanner(cfg)
+        p.plan(estimate(), KV, 400_000, 9999)
+        scales[preempted] = p.plan(estimate(), KV, 400_000, 9999, preempted=preempted, completed=100).kv_scale
+    assert scales[5] == pytest.approx(1 - 0.1 * 0.05)
+    assert scales[50] == pytest.approx(1 - 0.1 * 0.5)
+    assert scales[100] == scales[400] == pytest.approx(0.9)
+    # kv_backoff_full = 0: the whole cut for any window over the tolerance (the earlier rule)
+    p = ThresholdPlanner(cfg.model_copy(update={"kv_backoff_full": 0.0}))
+    assert p.plan(estimate(), KV, 400_000, 9999, preempted=5, completed=100).kv_scale == pytest.approx(0.9)
+
+
+def test_n_grows_only_on_a_settled_estimate() -> None:
+    """A shift to shorter inputs lowers the decode context: N may grow only once the estimate holds still."""
+    cfg = PlannerConfig(max_num_seqs=4096, n_settle=0.05, n_growth=1.5)
+    p = ThresholdPlanner(cfg)
+    before = p.plan(estimate(mu_l=512.0), KV, 400_000, 9999).n_cap
+    moving = p.plan(estimate(mu_l=256.0), KV, 400_000, 9999)  # context 768 -> 512: held
+    assert moving.n_star_clt > before and moving.n_cap == before
+    settled = p.plan(estimate(mu_l=256.0), KV, 400_000, 9999)  # same estimate again: grows
+    assert settled.n_cap > before
+    # shrinking is never held
+    shrunk = p.plan(estimate(mu_l=1024.0), KV, 400_000, 9999)
+    assert shrunk.n_cap == shrunk.n_star_clt < settled.n_cap
+    # a large n_settle lets N grow at once (the earlier rule)
+    loose = ThresholdPlanner(cfg.model_copy(update={"n_settle": 10.0}))
+    loose.plan(estimate(mu_l=512.0), KV, 400_000, 9999)
+    assert loose.plan(estimate(mu_l=256.0), KV, 400_000, 9999).n_cap > before
 
 
 def test_cooldown_ends_when_the_load_changes() -> None:
