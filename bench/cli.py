@@ -88,7 +88,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--profiles", default=None, help="comma-separated profile names (default: all shipped)")
     b.add_argument("--quick", action="store_true", help="small runs and a coarse sweep (a smoke test, ~1 min)")
     b.add_argument("--workers", type=_positive_int, default=None, help="processes (default: CPU count)")
-    b.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    b.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
+    b.add_argument(
+        "--seeds",
+        type=_positive_int,
+        default=None,
+        help="request seeds each value is averaged over (default 3; 1 with --quick)",
+    )
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.set_defaults(run=run_bench_sim)
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
-from bench.bench_sim import POLICY_COLUMNS, SETTINGS
+import pytest
+
+from bench.bench_sim import POLICY_COLUMNS, SETTINGS, Task, run_task
+from bench.sim import Policy
 from ebplus.cli import main
 
 
@@ -32,3 +36,13 @@ def test_quick_grid_smoke(tmp_path: Path, capsys) -> None:
 def test_bench_sim_rejects_unknown_profile(capsys) -> None:
     assert main(["bench-sim", "--quick", "--profiles", "nope", "--out", "/tmp/unused"]) == 2
     assert "unknown profile 'nope'" in capsys.readouterr().err
+
+
+def test_each_value_is_the_mean_over_the_seeds() -> None:
+    """A value is the mean of one run per seed; the runs see different requests."""
+    setting = next(s for s in SETTINGS if s.key == "paper c=32")
+    task = Task("h200", setting, Policy.MB, None, setting.n, (0, 1), 0.25)
+    out = run_task(task)
+    assert len(out["values"]) == 2 and out["values"][0] != out["values"][1]
+    assert out["value"] == pytest.approx(sum(out["values"]) / 2)
+    assert run_task(dataclasses.replace(task, seeds=(0,)))["value"] == out["values"][0]
