@@ -35,9 +35,10 @@ def to_completion(record: tuple) -> CompletionRecord:
 
 
 def to_step(record: tuple) -> StepRecord:
-    """A ``steps`` row of ``ebplus_drain()`` as the controller's record."""
-    prefill, decode, running, waiting, seconds, phase = record
-    return StepRecord(int(prefill), int(decode), int(running), int(waiting), float(seconds), str(phase))
+    """A ``steps`` row of ``ebplus_drain()`` as the controller's record (rows without KV tokens read 0)."""
+    prefill, decode, running, waiting, seconds, phase, *kv = record
+    kv_tokens = int(kv[0]) if kv else 0
+    return StepRecord(int(prefill), int(decode), int(running), int(waiting), float(seconds), str(phase), kv_tokens)
 
 
 class EngineControl:

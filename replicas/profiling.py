@@ -248,7 +248,8 @@ def fit_profile(steps: Sequence[Sequence[Any]], min_steps: int = 10) -> CostFit:
 def residuals(model: CostModel, steps: Sequence[Sequence[Any]]) -> dict[str, float]:
     """Median absolute relative error of the fitted model per step kind, over the lower envelope."""
     errs: dict[str, list[float]] = {}
-    for p, d, *_, seconds, _kind in lower_envelope(steps):
+    for row in lower_envelope(steps):
+        p, d, seconds = row[0], row[1], row[4]
         kind = step_kind(int(p), int(d))
         pred = model.step_seconds(int(p), int(d))
         errs.setdefault(kind, []).append(abs(pred - float(seconds)) / float(seconds))

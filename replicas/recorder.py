@@ -9,10 +9,11 @@ last call with :meth:`~TelemetryRecorder.drain` (an engine-core utility call).
 
 Rows are lists, not tuples or dataclasses: they cross vLLM's msgpack IPC.
 
-* step rows: ``[prefill_tokens, decode_tokens, running, waiting, seconds, kind]``,
+* step rows: ``[prefill_tokens, decode_tokens, running, waiting, seconds, kind, kv_tokens]``,
   ``running``/``waiting`` right after the step was scheduled (requests holding a
   slot during the step, and the queue left behind), ``kind`` one of
-  ``prefill``/``decode``/``mixed`` from the tokens actually scheduled. Steps that
+  ``prefill``/``decode``/``mixed`` from the tokens actually scheduled,
+  ``kv_tokens`` the KV the step's decodes read (their summed context). Steps that
   schedule nothing produce no row (they are counted as ``steps_idle``, and as
   ``steps_empty_busy`` when requests were running or waiting).
 * completion rows: ``[prompt_len, output_len, finish]`` with ``finish`` a
@@ -102,15 +103,19 @@ class TelemetryRecorder:
         waiting: int,
         preempted: int,
         t_exit: float,
+        kv_tokens: int = 0,
     ) -> str:
-        """One ``schedule()`` returned (``key`` identifies its output); returns the step kind."""
+        """One ``schedule()`` returned (``key`` identifies its output); returns the step kind.
+
+        ``kv_tokens``: the KV tokens the step's decodes read (their summed context).
+        """
         kind = step_kind(prefill_tokens, decode_tokens)
         c = self.counters
         c[f"steps_{kind}"] += 1
         c["preemptions"] += preempted
         if kind == "idle" and running + waiting > 0:
             c["steps_empty_busy"] += 1
-        row = None if kind == "idle" else [prefill_tokens, decode_tokens, running, waiting, 0.0, kind]
+        row = None if kind == "idle" else [prefill_tokens, decode_tokens, running, waiting, 0.0, kind, kv_tokens]
         self._pending.append(_Pending(key, t_exit, row))
         return kind
 

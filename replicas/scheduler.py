@@ -114,14 +114,14 @@ class EBPlusScheduler(Scheduler):
             if visible is not running:
                 self.running = _merge(running, visible, self.running)
             self.max_num_running_reqs = cap
-        prefill_tokens, decode_tokens = self._count_tokens(out)
+        prefill_tokens, decode_tokens, kv_tokens = self._count_tokens(out)
         admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
         running_after = len(self.running)
         self.machine.observe(admitted, prefill_tokens, running_after)
         rec = self.recorder
         waiting_after = len(self.waiting) + len(self.skipped_waiting)
         preempted = len(out.preempted_req_ids or ())
-        rec.scheduled(out, prefill_tokens, decode_tokens, running_after, waiting_after, preempted, t2)
+        rec.scheduled(out, prefill_tokens, decode_tokens, running_after, waiting_after, preempted, t2, kv_tokens)
         t3 = time.perf_counter()
         rec.counters["schedule_seconds"] += t3 - t0
         rec.counters["overhead_seconds"] += (t1 - t0) + (t3 - t2)
@@ -140,19 +140,26 @@ class EBPlusScheduler(Scheduler):
         need = self._request_remaining_blocks(head) + self.kv_cache_manager.watermark_blocks
         return need <= self.kv_cache_manager.block_pool.get_num_free_blocks()
 
-    def _count_tokens(self, out: SchedulerOutput) -> tuple[int, int]:
-        """(prefill, decode) tokens of a step; a resumed request's recompute counts as prefill."""
-        prefill = decode = 0
+    def _count_tokens(self, out: SchedulerOutput) -> tuple[int, int, int]:
+        """(prefill, decode, KV read by the decodes) tokens of a step.
+
+        A resumed request's recompute counts as prefill. The KV the decodes read is
+        their summed context before the step: decode time grows with it, and the
+        controller's cost fit needs it to tell per-sequence from per-context cost.
+        """
+        prefill = decode = kv = 0
         spec = out.scheduled_spec_decode_tokens
         requests = self.requests
         for req_id, n in out.num_scheduled_tokens.items():
             req = requests[req_id]
             # _update_after_schedule already advanced num_computed_tokens by n
-            if req.num_computed_tokens - n >= req.num_prompt_tokens and n <= 1 + len(spec.get(req_id, ())):
+            context = req.num_computed_tokens - n
+            if context >= req.num_prompt_tokens and n <= 1 + len(spec.get(req_id, ())):
                 decode += n
+                kv += context
             else:
                 prefill += n
-        return prefill, decode
+        return prefill, decode, kv
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         t0 = time.perf_counter()

@@ -70,6 +70,12 @@ def test_greedy_outputs_identical_to_stock(eb_tiny: Any, workload: Workload, ref
     # chunked prefills happened: prompts longer than the token budget were split
     assert max(workload.prompt_lens) > TINY_ENGINE["max_num_batched_tokens"]
     assert drained["delta"]["steps_empty_busy"] == 0
+    # each step reports the KV its decodes read: every decode's context is at least its prompt
+    # and at most prompt + output
+    lo = min(workload.prompt_lens)
+    hi = max(workload.prompt_lens) + max(p.max_tokens for p in workload.params)
+    assert all((s[6] > 0) == (s[1] > 0) for s in steps)
+    assert all(s[1] * lo <= s[6] <= s[1] * hi for s in steps)
 
 
 def test_mb_with_full_n_is_the_stock_scheduler(eb_tiny: Any, stock_tiny: Any, workload: Workload) -> None:

@@ -35,11 +35,20 @@ def test_sync_steps_are_timed_from_schedule_exit_to_update() -> None:
         rec.updated(key)
     out = rec.drain()
     assert out["steps"] == [
-        [64, 0, 8, 2, pytest.approx(0.499), "prefill"],
-        [0, 8, 8, 2, pytest.approx(0.499), "decode"],
-        [10, 7, 8, 2, pytest.approx(0.499), "mixed"],
+        [64, 0, 8, 2, pytest.approx(0.499), "prefill", 0],
+        [0, 8, 8, 2, pytest.approx(0.499), "decode", 0],
+        [10, 7, 8, 2, pytest.approx(0.499), "mixed", 0],
     ]
     assert (out["stats"]["steps_prefill"], out["stats"]["steps_decode"], out["stats"]["steps_mixed"]) == (1, 1, 1)
+
+
+def test_step_rows_carry_the_kv_the_decodes_read() -> None:
+    rec, clock = recorder()
+    key = object()
+    rec.scheduled(key, 0, 4, running=4, waiting=0, preempted=0, t_exit=0.0, kv_tokens=4 * 700)
+    clock.t = 0.02
+    rec.updated(key)
+    assert rec.drain()["steps"] == [[0, 4, 4, 0, pytest.approx(0.02), "decode", 2800]]
 
 
 def test_batch_queue_overlap_starts_a_step_at_the_previous_update() -> None:

@@ -36,6 +36,7 @@ def test_failed_push_keeps_records_for_the_next_try() -> None:
 def test_rows_from_the_scheduler() -> None:
     assert to_completion([12, 5, "length"]) == CompletionRecord(12, 5, FinishReason.LENGTH)
     assert to_step([8, 0, 1, 3, 0.25, "prefill"]) == StepRecord(8, 0, 1, 3, 0.25, "prefill")
+    assert to_step([0, 4, 4, 0, 0.02, "decode", 2048]) == StepRecord(0, 4, 4, 0, 0.02, "decode", kv_tokens=2048)
     with pytest.raises(ValueError):
         to_completion([1, 1, "exploded"])
 
