@@ -264,8 +264,8 @@ class ThresholdPlanner:
         up to ``kv_backoff_full``); other windows restore it.
         """
         cfg, st = self.config, self.state
-        rate = preempted / max(completed, 1)
         if preempted > cfg.kv_backoff_tolerance * completed:
+            rate = preempted / max(completed, 1)
             severity = 1.0 if cfg.kv_backoff_full <= 0 else min(1.0, rate / cfg.kv_backoff_full)
             st.kv_scale *= 1.0 - (1.0 - cfg.kv_backoff) * severity
         else:
