@@ -20,6 +20,11 @@ Policies:
   are free"; under light load (``running + waiting = c < n``) it is the same
   rule applied to the observed concurrency. With nothing left to decode, waiting
   requests are prefilled at once (never idle with work queued).
+  Fewer than ``k`` waiting requests are admitted once ``k`` requests have left
+  the batch since the last prefill phase ended: the paper's rule counted in
+  freed slots. Without it, the last requests of a burst (no more arrivals, so
+  the queue never reaches ``k``) would wait until the whole batch finished -
+  a stall of one full output length with most slots free.
 * ``V0``: EB with ``k = 1`` (prefill-first).
 * ``AUTO`` (EB+): ``EB`` or ``MB`` as the controller chose (``ThresholdUpdate.active``).
 
@@ -181,6 +186,7 @@ class PhaseMachine:
         self.stats = PhaseStats()
         self._blocked_at: int | None = None  # running count when admission last failed
         self._last: StepPlan | None = None
+        self._refilled_to: int | None = None  # running count when the last EB prefill phase ended
 
     def apply(self, update: ThresholdUpdate) -> None:
         """Install new thresholds; they govern the next :meth:`decide`."""
@@ -194,6 +200,7 @@ class PhaseMachine:
             self._blocked_at = None  # a request finished: KV may fit a new one now
         blocked = self._blocked_at is not None
         if th.active is Mode.MB:
+            self._refilled_to = None
             plan = self._mixed(view, 0 if blocked else room)
         else:
             kv_short = not view.head_fits and view.running > 0  # a completion will free blocks
@@ -216,10 +223,12 @@ class PhaseMachine:
 
     def _exclusive(self, view: EngineView, room: int, blocked: bool, k: int) -> StepPlan:
         admissible = 0 if blocked else min(view.waiting, room)
+        freed = 0 if self._refilled_to is None else self._refilled_to - view.running
         if self.phase is Phase.PREFILL:
             if view.prefilling == 0 and admissible == 0:
                 self._switch(Phase.DECODE)
-        elif view.prefilling > 0 or admissible >= k or (admissible > 0 and view.decoding == 0):
+                self._refilled_to = view.running
+        elif view.prefilling > 0 or admissible >= k or (admissible > 0 and (view.decoding == 0 or freed >= k)):
             self._switch(Phase.PREFILL)
             self.stats.prefill_phases += 1
         if self.phase is Phase.PREFILL:
@@ -248,3 +257,4 @@ class PhaseMachine:
             self._blocked_at = running_after
             self.stats.kv_backoffs += 1
             self._switch(Phase.DECODE)
+            self._refilled_to = running_after

@@ -116,6 +116,46 @@ def test_eb_light_load_threshold_is_on_admissible_requests() -> None:
     assert m.decide(EngineView(running=6, prefilling=0, waiting=4)).phase is Phase.PREFILL
 
 
+def test_eb_drain_admits_stragglers_once_k_slots_freed() -> None:
+    # fewer than k requests wait and no more arrive (the end of a burst): they must not
+    # wait for the whole batch to finish, only for k completions since the refill
+    m = machine(Mode.EB, k=4, n=16)
+    m.decide(EngineView(running=0, prefilling=0, waiting=18))
+    m.observe(16, 1600, 16)
+    assert m.decide(EngineView(running=16, prefilling=0, waiting=2)).phase is Phase.DECODE
+    assert m.decide(EngineView(running=13, prefilling=0, waiting=2)).phase is Phase.DECODE  # 3 freed < k
+    plan = m.decide(EngineView(running=12, prefilling=0, waiting=2))
+    assert (plan.phase, plan.max_admit) == (Phase.PREFILL, 2)
+    m.observe(2, 200, 14)
+    assert m.decide(EngineView(running=14, prefilling=0, waiting=0)).phase is Phase.DECODE
+    # the count restarts at the new refill (14 running); one more request arrives
+    assert m.decide(EngineView(running=14, prefilling=0, waiting=1)).phase is Phase.DECODE
+    assert m.decide(EngineView(running=11, prefilling=0, waiting=1)).phase is Phase.DECODE
+    assert m.decide(EngineView(running=10, prefilling=0, waiting=1)).phase is Phase.PREFILL
+
+
+def test_eb_freed_count_starts_at_a_kv_backoff() -> None:
+    m = machine(Mode.EB, k=3, n=16)
+    m.phase = Phase.DECODE
+    assert m.decide(EngineView(running=10, prefilling=0, waiting=2)).phase is Phase.DECODE
+    m.decide(EngineView(running=10, prefilling=0, waiting=3))
+    m.observe(admitted=0, prefill_tokens=0, running_after=10)  # no blocks: back off at 10 running
+    assert m.decide(EngineView(running=8, prefilling=0, waiting=2)).phase is Phase.DECODE  # 2 freed
+    assert m.decide(EngineView(running=7, prefilling=0, waiting=2)).phase is Phase.PREFILL  # 3 freed
+
+
+def test_eb_freed_count_not_carried_over_mb_steps() -> None:
+    m = machine(Mode.AUTO, k=4, n=16, active=Mode.EB)
+    m.decide(EngineView(running=0, prefilling=0, waiting=16))
+    m.observe(16, 1600, 16)
+    m.decide(EngineView(running=16, prefilling=0, waiting=0))  # refilled to 16
+    m.apply(ThresholdUpdate(mode=Mode.AUTO, k=4, n=16, active=Mode.MB))
+    m.decide(EngineView(running=16, prefilling=0, waiting=0))
+    m.apply(ThresholdUpdate(mode=Mode.AUTO, k=4, n=16, active=Mode.EB))
+    # 6 fewer running than at the EB refill, but MB steps ran since: only admissible >= k counts
+    assert m.decide(EngineView(running=10, prefilling=0, waiting=2)).phase is Phase.DECODE
+
+
 def test_eb_running_prefill_chunks_pull_into_prefill_phase() -> None:
     m = machine(Mode.EB, k=4, n=16)
     m.phase = Phase.DECODE

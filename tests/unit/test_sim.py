@@ -126,6 +126,16 @@ def test_closed_loop_keeps_concurrency() -> None:
     assert np.all(np.isin(later, res.finish_s))
 
 
+def test_eb_burst_tail_is_not_held_for_the_whole_batch() -> None:
+    # 70 requests at once, N = 64, k = 16: the last 6 (< k, and nothing more arrives)
+    # start once 16 of the first batch have finished, not after all 64 of them
+    res, _ = run(SimConfig(policy=Policy.EB, k=16, n=64), requests=70)
+    first_batch = np.sort(res.finish_s[:64])
+    tail_start = res.first_token_s[64:].max()
+    assert tail_start <= first_batch[15 + 6]  # at most a few steps after the 16th completion
+    assert tail_start < first_batch[-1]
+
+
 def test_open_loop_rate_and_saturated_arrivals() -> None:
     res, _ = run(SimConfig(policy=Policy.MB, n=256), requests=2000, rate=25.0)
     span = res.arrival_s.max() - res.arrival_s.min()
