@@ -204,9 +204,10 @@ def parse_config(data: Any, source: str = "<config>") -> ServeConfig:
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            path = ".".join(str(p) for p in err["loc"]) or "<root>"
+            path = ".".join(str(p) for p in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{source}: {path}: {msg}")
+            # a cross-field check has no location of its own; its message names the fields
+            lines.append(f"{source}: {path}: {msg}" if path else f"{source}: {msg}")
         raise ConfigError("\n".join(lines)) from None
 
 

@@ -44,6 +44,13 @@ def test_invalid_configs_name_the_field(data: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(data, "x.yaml")
     assert needle in str(err.value) and str(err.value).startswith("x.yaml: ")
+    assert "<root>" not in str(err.value)
+
+
+def test_cross_field_error_starts_with_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"scheduler": {"n": 500}}, "x.yaml")
+    assert str(err.value) == "x.yaml: scheduler.n (500) must be <= engine.max_num_seqs (256)"
 
 
 def test_load_config_file_errors(tmp_path: Path) -> None:
