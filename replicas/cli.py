@@ -26,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Start the deployment's vLLM engine in this process (the EB+ scheduler in MB mode), drive "
             "it through prefill-only, decode-only and mixed steps of controlled sizes, fit alpha_p, "
-            "beta_p, alpha_d, beta_d, alpha_mb and beta_mb(r) = a + b r + c r^2 with the controller's "
-            "robust cost-model fitter, and write a profile YAML in the simulator's format "
+            "beta_p, alpha_d, beta_d, alpha_mb, beta_mb(r) = a + b r + c r^2 and the KV-read cost "
+            "beta_kv with the controller's robust cost-model fitter, and write a profile YAML in the "
+            "simulator's format "
             "(bench/profiles/<name>.yaml). Takes a few minutes for SmolLM2 on 2 CPU cores."
         ),
         epilog="Example: ebplus profile --config deploy/local.yaml --name cpu-smollm2",

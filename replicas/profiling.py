@@ -21,6 +21,12 @@ The rows go through the controller's :class:`~controller.estimator.CostModelFitt
 fastest repeat of each step shape (:func:`lower_envelope`). Its prior is an
 unregularised robust fit of the same rows, so the fitter's regularisation pulls
 towards the data, not towards another machine's profile.
+
+KV reads: each row carries the KV tokens its decodes read (``StepRecord.kv_tokens``,
+the seventh field). The decode sweeps run at two prompt lengths, so equal batch
+sizes read different contexts and the decode fit has its ``beta_kv`` column, as the
+controller's online fit does; mixed steps are charged the same ``beta_kv``. Rows
+without the field (older recordings) fit ``beta_kv = 0``.
 """
 
 from __future__ import annotations
@@ -181,23 +187,31 @@ def _data_prior(steps: Sequence[Sequence[Any]]) -> CostModel:
     A prior from the same rows keeps the fitter's pull towards the prior harmless;
     a prior from another machine would bias parts the rows determine poorly.
     """
-    arr = np.asarray([(float(r[0]), float(r[1]), float(r[4])) for r in steps], dtype=float).reshape(-1, 3)
-    p, d, t = arr.T
+    arr = np.asarray([(float(r[0]), float(r[1]), float(r[4]), _kv(r)) for r in steps], dtype=float).reshape(-1, 4)
+    p, d, t, kv = arr.T
     ones = np.ones_like(t)
 
-    def fit(mask: np.ndarray, columns: list[np.ndarray], lower: tuple, default: tuple) -> tuple[float, ...]:
+    def fit(
+        mask: np.ndarray, columns: list[np.ndarray], lower: tuple, default: tuple, y: np.ndarray = t
+    ) -> tuple[float, ...]:
         if mask.sum() < len(columns) + 1:
             return default
         design = np.column_stack([c[mask] for c in columns])
-        return tuple(float(x) for x in robust_linear_fit(design, t[mask], lower=lower))
+        return tuple(float(x) for x in robust_linear_fit(design, y[mask], lower=lower))
 
     alpha_p, beta_p = fit((d == 0) & (p > 0), [ones, p], (1e-6, 1e-9), (1e-2, 1e-4))
-    alpha_d, beta_d = fit((p == 0) & (d > 0), [ones, d], (1e-6, 1e-9), (1e-2, 1e-4))
+    decode = (p == 0) & (d > 0)
+    if kv[decode].any():
+        alpha_d, beta_d, beta_kv = fit(decode, [ones, d, kv], (1e-6, 1e-9, 0.0), (1e-2, 1e-4, 0.0))
+    else:
+        (alpha_d, beta_d), beta_kv = fit(decode, [ones, d], (1e-6, 1e-9), (1e-2, 1e-4)), 0.0
     mixed = (p > 0) & (d > 0)
     n = p + d
     r = np.divide(d, n, out=np.zeros_like(n), where=n > 0)
     flat = (alpha_p, beta_p, beta_d - beta_p, 0.0)  # no interference: beta_p (1 - r) + beta_d r
-    alpha_mb, *beta_mb = fit(mixed, [ones, n, n * r, n * r * r], (1e-6, -np.inf, -np.inf, 0.0), flat)
+    columns = [ones, n, n * r, n * r * r]
+    # mixed steps: the KV reads priced as in decode steps
+    alpha_mb, *beta_mb = fit(mixed, columns, (1e-6, -np.inf, -np.inf, 0.0), flat, y=t - beta_kv * kv)
     if min(beta_mb[0] + beta_mb[1] * x + beta_mb[2] * x * x for x in (0.0, 0.5, 1.0)) < 0:
         alpha_mb, *beta_mb = flat
     return CostModel(
@@ -207,11 +221,17 @@ def _data_prior(steps: Sequence[Sequence[Any]]) -> CostModel:
         beta_d=beta_d,
         beta_mb=tuple(beta_mb),
         alpha_mb=alpha_mb,
+        beta_kv=beta_kv,
     )
 
 
+def _kv(row: Sequence[Any]) -> int:
+    """The KV tokens a step row's decodes read (0 for six-field rows recorded before they were reported)."""
+    return int(row[6]) if len(row) > 6 else 0
+
+
 def lower_envelope(steps: Sequence[Sequence[Any]]) -> list[list]:
-    """The fastest row of each step shape (prefill tokens, decode tokens).
+    """The fastest row of each step shape (prefill tokens, decode tokens, KV tokens read).
 
     Other processes on the machine only ever add time to a step (a descheduled
     engine thread, a stalled OpenMP barrier: 3-30x slower steps were seen on a
@@ -219,9 +239,9 @@ def lower_envelope(steps: Sequence[Sequence[Any]]) -> list[list]:
     the engine's own cost; a symmetric robust fit alone cannot undo one-sided
     contamination of a third of the samples.
     """
-    best: dict[tuple[int, int], list] = {}
+    best: dict[tuple[int, int, int], list] = {}
     for row in steps:
-        key = (int(row[0]), int(row[1]))
+        key = (int(row[0]), int(row[1]), _kv(row))
         if key not in best or float(row[4]) < float(best[key][4]):
             best[key] = list(row)
     return list(best.values())
@@ -236,7 +256,7 @@ def fit_profile(steps: Sequence[Sequence[Any]], min_steps: int = 10) -> CostFit:
     prior = _data_prior(steps)
     fitter = CostModelFitter(prior, window=max(len(steps), 16), min_steps=min_steps)
     for row in steps:
-        fitter.observe_step(int(row[0]), int(row[1]), float(row[4]))
+        fitter.observe_step(int(row[0]), int(row[1]), float(row[4]), kv_tokens=_kv(row))
     fit = fitter.fit()
     missing = {"prefill", "decode", "mixed"} - set(fit.fitted)
     if missing:
@@ -251,7 +271,7 @@ def residuals(model: CostModel, steps: Sequence[Sequence[Any]]) -> dict[str, flo
     for row in lower_envelope(steps):
         p, d, seconds = row[0], row[1], row[4]
         kind = step_kind(int(p), int(d))
-        pred = model.step_seconds(int(p), int(d))
+        pred = model.step_seconds(int(p), int(d), _kv(row))
         errs.setdefault(kind, []).append(abs(pred - float(seconds)) / float(seconds))
     return {k: float(np.median(v)) for k, v in sorted(errs.items())}
 

@@ -45,9 +45,52 @@ def test_fit_recovers_the_cost_model_from_contaminated_rows() -> None:
     assert max(profiling.residuals(m, rows).values()) < 0.05
 
 
+TRUE_KV = TRUE.model_copy(update={"beta_kv": 2e-6})
+
+
+def sweep_rows_with_kv(model: CostModel, stalled: float = 0.3, seed: int = 0) -> list[list]:
+    """Seven-field rows as the profiler records them, the decodes' KV reads included.
+
+    Decode sweeps at two prompt lengths (the batch shrinks while the context grows, the
+    confound the KV column resolves), mixed steps over long-lived decodes, prefill steps.
+    """
+    rng = random.Random(seed)
+    plan = ProfilePlan()
+    shapes: list[tuple[int, int, int]] = [(p, 0, 0) for p in plan.prefill_lengths]
+    for prompt in plan.decode_prompts:
+        ends = [2 + (plan.decode_steps - 2) * (i + 1) // 64 for i in range(64)]
+        for age in range(plan.decode_steps):
+            alive = sum(1 for e in ends if e > age)
+            shapes.append((0, alive, alive * (prompt + age)))
+    for m in plan.mixed_decodes:
+        for age, length in enumerate(list(plan.mixed_prompts) * plan.mixed_repeats):
+            shapes.append((length, m, m * (16 + 8 + age)))
+    rows = []
+    for p, d, kv in shapes * 3:
+        t = model.step_seconds(p, d, kv) * (1 + abs(rng.gauss(0, 0.01)))
+        if rng.random() < stalled:
+            t *= rng.uniform(3, 30)
+        rows.append([p, d, d + (p > 0), 0, t, "x", kv])
+    return rows
+
+
+def test_fit_separates_kv_reads_from_the_batch_size() -> None:
+    rows = sweep_rows_with_kv(TRUE_KV)
+    m = profiling.fit_profile(rows).model
+    assert m.beta_kv == pytest.approx(TRUE_KV.beta_kv, rel=0.15)
+    assert m.alpha_d == pytest.approx(TRUE_KV.alpha_d, rel=0.1)
+    assert m.beta_d == pytest.approx(TRUE_KV.beta_d, rel=0.15)
+    assert max(profiling.residuals(m, rows).values()) < 0.05
+    # the same rows without their KV field: the reads are absorbed and beta_kv stays 0
+    assert profiling.fit_profile([r[:6] for r in rows]).model.beta_kv == 0.0
+
+
 def test_lower_envelope_keeps_the_fastest_repeat_of_each_shape() -> None:
     rows = [[64, 0, 1, 0, 0.5, "prefill"], [64, 0, 1, 0, 0.1, "prefill"], [0, 8, 8, 0, 0.2, "decode"]]
     assert profiling.lower_envelope(rows) == [[64, 0, 1, 0, 0.1, "prefill"], [0, 8, 8, 0, 0.2, "decode"]]
+    # the same batch reading another context is another shape
+    kv_rows = [[0, 8, 8, 0, 0.2, "decode", 800], [0, 8, 8, 0, 0.3, "decode", 1600], [0, 8, 8, 0, 0.25, "decode", 800]]
+    assert profiling.lower_envelope(kv_rows) == kv_rows[:2]
 
 
 def test_fit_refuses_missing_step_kinds() -> None:
