@@ -45,6 +45,26 @@ class Estimate:
     timestamp: float
     mu_o_sq: float = 0.0  # mean squared output length (0: unknown)
 
+    @classmethod
+    def geometric(cls, mu_l: float, mu_o: float, method: str) -> Estimate:
+        """A workload assumed rather than measured: geometric outputs of mean ``mu_o``.
+
+        ``p0 = 1/mu_o``, no hazard slope, ``E[O^2] = 2 mu_o^2``; no samples behind it.
+        """
+        return cls(
+            p0=1.0 / mu_o,
+            eta=0.0,
+            mu_l=mu_l,
+            mu_o=mu_o,
+            n_samples=0,
+            n_censored=0,
+            t_lo=0,
+            t_hi=0,
+            method=method,
+            timestamp=0.0,
+            mu_o_sq=2.0 * mu_o * mu_o,
+        )
+
     @property
     def mean_age(self) -> float:
         """Mean age (tokens generated) of a running request, ``E[O^2] / (2 E[O])``.

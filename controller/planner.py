@@ -343,19 +343,7 @@ class ThresholdPlanner:
             return None
         margins = []
         for mu_l, mu_o in cfg.cold_workloads:
-            guess = Estimate(
-                p0=1.0 / mu_o,
-                eta=0.0,
-                mu_l=mu_l,
-                mu_o=mu_o,
-                n_samples=0,
-                n_censored=0,
-                t_lo=0,
-                t_hi=0,
-                method="cold prior",
-                timestamp=0.0,
-                mu_o_sq=2.0 * mu_o * mu_o,
-            )
+            guess = Estimate.geometric(mu_l, mu_o, method="cold prior")
             folded = cost.folded(guess.decode_context)
             th = self._thresholds(guess, folded, kv_capacity_tokens * st.kv_scale, n_obs, None, None)
             xo = self._crossover(guess, folded, th.k, th.n_eb)

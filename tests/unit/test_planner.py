@@ -176,9 +176,7 @@ def test_cold_choice_each_workload_is_planned_like_a_first_estimate() -> None:
         wins = []
         for mu_l, mu_o in cfg.cold_workloads:
             first = ThresholdPlanner(cfg)
-            guess = estimate(p0=1 / mu_o, mu_l=mu_l)
-            guess = Estimate(**{**guess.__dict__, "mu_o_sq": 2 * mu_o * mu_o})
-            plan = first.plan(guess, cost, kv, n_obs)
+            plan = first.plan(Estimate.geometric(mu_l, mu_o, method="test"), cost, kv, n_obs)
             band = cfg.delta_rel / (plan.crossover.tp_mb * (mu_l + mu_o))
             wins.append(plan.crossover.margin < -band)
         assert (ThresholdPlanner(cfg).cold_choice(cost, kv, n_obs) is not None) == all(wins), n_obs
