@@ -13,7 +13,8 @@ Contract of the scheduler methods (plain data only: it crosses a msgpack IPC):
 * ``ebplus_applied() -> dict`` — the applied thresholds.
 * ``ebplus_drain() -> dict`` — telemetry since the last drain: ``completions``
   (``[prompt_len, output_len, finish]`` rows), ``steps`` (``[prefill_tokens,
-  decode_tokens, running, waiting, seconds, phase]`` rows), ``dropped_completions``,
+  decode_tokens, running, waiting, seconds, phase, kv_tokens]`` rows; six-field rows
+  from an older scheduler read ``kv_tokens = 0``), ``dropped_completions``,
   ``dropped_steps``, cumulative ``stats`` (``steps_<phase>``, ``phase_switches``,
   ``kv_backoffs``, ``preemptions``), and the engine's facts ``kv_capacity_tokens``,
   ``max_num_seqs``, ``device``.

@@ -42,8 +42,10 @@ from typing import Any
 
 import numpy as np
 
+from controller import theory
 from controller.cost_model import CostModel, HardwareProfile, step_kind
 from controller.estimator import CostFit, CostModelFitter, robust_linear_fit
+from replicas.control import to_step
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ def _data_prior(steps: Sequence[Sequence[Any]]) -> CostModel:
     columns = [ones, n, n * r, n * r * r]
     # mixed steps: the KV reads priced as in decode steps
     alpha_mb, *beta_mb = fit(mixed, columns, (1e-6, -np.inf, -np.inf, 0.0), flat, y=t - beta_kv * kv)
-    if min(beta_mb[0] + beta_mb[1] * x + beta_mb[2] * x * x for x in (0.0, 0.5, 1.0)) < 0:
+    if theory.beta_mb_min(beta_mb)[1] < 0:  # not a usable cost curve: CostModel would reject it
         alpha_mb, *beta_mb = flat
     return CostModel(
         alpha_p=alpha_p,
@@ -227,7 +229,7 @@ def _data_prior(steps: Sequence[Sequence[Any]]) -> CostModel:
 
 def _kv(row: Sequence[Any]) -> int:
     """The KV tokens a step row's decodes read (0 for six-field rows recorded before they were reported)."""
-    return int(row[6]) if len(row) > 6 else 0
+    return to_step(row).kv_tokens
 
 
 def lower_envelope(steps: Sequence[Sequence[Any]]) -> list[list]:
