@@ -316,9 +316,8 @@ def summary_rows(results: dict) -> dict:
                 shift.append((p, key, *gain))
             if setting.kind == "paper":
                 c = setting.concurrency
-                best = max(r["eb-best"]["value"], r["eb-online"]["value"])
                 paper = PAPER_EB_OVER_MB.get(p, {}).get(c)
-                shape.append((p, c, r["eb-online"]["value"] / r["mb"]["value"], best / r["mb"]["value"], paper))
+                shape.append((p, c, r["eb-online"]["value"] / r["mb"]["value"], best_eb / r["mb"]["value"], paper))
     return {"online_vs_best": online, "ebplus_vs_max": ebplus, "shift_gains": shift, "paper_shape": shape}
 
 
