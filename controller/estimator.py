@@ -291,7 +291,11 @@ def robust_linear_fit(
     the data's residual sigma: the MAP estimate. Well-determined coefficients
     follow the data; directions the data leave open (an engine that always runs
     nearly the same batch size cannot separate fixed from per-sequence cost)
-    stay near the prior instead of running to a bound.
+    stay near the prior instead of running to a bound. No ``sd`` counts as
+    tighter than a coefficient change that moves the prediction by 1e-3 of the
+    largest ``y``: a relative sd of a prior coefficient that is exactly 0 (a
+    previous fit pinned at its bound, restored as the prior) would otherwise
+    give an infinite weight, and the fit NaN.
     """
     design = np.asarray(design, dtype=float)
     y = np.asarray(y, dtype=float)
@@ -303,6 +307,9 @@ def robust_linear_fit(
     if prior is not None:
         mu = np.asarray(list(prior), dtype=float)
         sd = np.asarray(list(prior_sd), dtype=float) if prior_sd is not None else np.abs(mu)
+        x_max = np.abs(design).max(axis=0, initial=0.0)
+        x_max[x_max == 0] = 1.0
+        sd = np.maximum(sd, 1e-3 * float(np.abs(y).max(initial=0.0)) / x_max)
         xs_aug = np.vstack([xs, np.diag(1.0 / scale)])
         y_aug = np.concatenate([y, mu])
     weights = np.ones_like(y)

@@ -218,3 +218,23 @@ def test_mixed_fit_that_dips_below_zero_keeps_the_prior() -> None:
     fit = fitter.fit()
     assert "mixed" not in fit.fitted
     assert fit.model.beta_mb == TRUE.beta_mb and fit.model.alpha_mb == TRUE.alpha_mb
+
+
+def test_cost_fit_from_a_prior_with_zero_coefficients() -> None:
+    """A restored fit whose per-token costs were pinned at their bound 0 is a valid prior.
+
+    Its relative sd is 0; the prior weight must stay finite (it overflowed to inf, the
+    least-squares solve got NaN and raised, and the controller's re-plans failed).
+    """
+    prior = CostModel(alpha_p=0.02, beta_p=0.0, alpha_d=0.02, beta_d=0.0, beta_mb=(1e-3, 0.0, 0.0), alpha_mb=0.02)
+    fitter = CostModelFitter(prior, min_steps=20)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 32))
+        fitter.observe_step(0, n, 0.02 + 1e-3 * n * (1 + 0.05 * rng.random()), kv_tokens=n * int(rng.integers(10, 200)))
+        p = int(rng.integers(16, 512))
+        fitter.observe_step(p, 0, 0.02 + 1e-4 * p * (1 + 0.05 * rng.random()))
+    fit = fitter.fit()
+    assert {"prefill", "decode"} <= set(fit.fitted)
+    m = fit.model
+    assert all(np.isfinite(x) for x in (m.alpha_p, m.beta_p, m.alpha_d, m.beta_d, m.beta_kv))
