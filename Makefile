@@ -40,7 +40,7 @@ bench-sim: install
 	$(VENV)/bin/ebplus bench-sim
 
 bench-controller: install
-	$(PY) -m bench.controller_bench
+	$(PY) -m ebplus.bench.controller_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -34,11 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-
-from bench.sim import Policy, SimConfig, SimResult, simulate
-from bench.workloads import build_requests, load_source
-from controller import theory
-from controller.cost_model import profile_names, resolve_profile
+from ebplus.bench.sim import Policy, SimConfig, SimResult, simulate
+from ebplus.bench.workloads import build_requests, load_source
+from ebplus.controller import theory
+from ebplus.controller.cost_model import profile_names, resolve_profile
 
 BUDGET = 8192
 # Published EB/MB total-throughput ratios, Table 4 ((512,256), c = 32/512/2048).

@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "request at t=0 (saturated)."
         ),
         epilog=(
-            "Profiles: a name from bench/profiles (h200, rtx-pro-6000, l40s, b300, cpu-smollm2) or a YAML file. "
+            "Profiles: a name from controller/profiles (h200, rtx-pro-6000, l40s, b300, cpu-smollm2) or a YAML file. "
             "Workloads: a name from bench/workloads (e.g. paper, balanced, decode-heavy, "
             "distribution-shift), a YAML workload or schedule file, or a JSONL trace with one "
             '{"input_len": .., "output_len": .., "arrival_s": ..} per line.'
@@ -100,9 +100,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from bench.sim import Policy, SimConfig, simulate
-    from bench.workloads import build_requests, load_source
-    from controller.cost_model import resolve_profile
+    from ebplus.bench.sim import Policy, SimConfig, simulate
+    from ebplus.bench.workloads import build_requests, load_source
+    from ebplus.controller.cost_model import resolve_profile
 
     profile = resolve_profile(args.profile)
     source = load_source(args.workload)
@@ -133,6 +133,6 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def run_bench_sim(args: argparse.Namespace) -> int:
-    from bench.bench_sim import main as bench_main
+    from ebplus.bench.bench_sim import main as bench_main
 
     return bench_main(args)

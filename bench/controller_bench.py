@@ -1,6 +1,6 @@
 """Controller micro-benchmarks: one full update, and telemetry ingestion with 8 replicas.
 
-    python -m bench.controller_bench [--repeats 200] [--replicas 8] [--json]
+    python -m ebplus.bench.controller_bench [--repeats 200] [--replicas 8] [--json]
 
 *Update*: a window of 500 output lengths -> Estimate -> theta*, k*, N* and the
 EB/MB decision (what runs every 100 completions), timed alone
@@ -20,14 +20,13 @@ import statistics
 import time
 
 import numpy as np
-
-from bench import distributions as dist
-from controller.cost_model import CostModel
-from controller.estimator import WorkloadEstimator
-from controller.fleet import ControllerConfig, FleetController
-from controller.planner import PlannerConfig, ThresholdPlanner
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from replicas.phases import Mode
+from ebplus.bench import distributions as dist
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.estimator import WorkloadEstimator
+from ebplus.controller.fleet import ControllerConfig, FleetController
+from ebplus.controller.planner import PlannerConfig, ThresholdPlanner
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from ebplus.replicas.phases import Mode
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)

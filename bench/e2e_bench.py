@@ -1,6 +1,6 @@
 """End to end: EB+ (mode ``auto``) against MB on the local deployment, same request set.
 
-    python -m bench.e2e_bench [--config deploy/local.yaml] [--modes mb,auto]
+    python -m ebplus.bench.e2e_bench [--config deploy/local.yaml] [--modes mb,auto]
                               [--dataset chat|random] [--num-prompts 256]
                               [--max-concurrency 32] [--output-len 256]
                               [--out bench/results/e2e-cpu-smollm2.md]
@@ -39,10 +39,9 @@ from pathlib import Path
 
 import httpx
 import yaml
-
-from bench.prompts import chat_requests
-from bench.reliability import start_deployment, stop_deployment
-from deploy.app import model_path
+from ebplus.bench.prompts import chat_requests
+from ebplus.bench.reliability import start_deployment, stop_deployment
+from ebplus.deploy.app import model_path
 
 PORT = 18200
 RAY_METRICS_PORT = 18280
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--range-ratio", type=float, default=0.5, help="random: uniform jitter of both lengths (+-)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/e2e-cpu-smollm2.md"))
     args = parser.parse_args(argv)
-    command = "python -m bench.e2e_bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m ebplus.bench.e2e_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ebplus-e2e-") as tmp:
         for mode in args.modes.split(","):

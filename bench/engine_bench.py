@@ -48,7 +48,7 @@ engine's ``schedule`` is wrapped with a timer), and the EB+ code's own time per
 step (``overhead_seconds``: phase decision, restriction, token counting,
 telemetry) relative to the mean step.
 
-    python -m bench.engine_bench --k 6,32 --out bench/results/engine-cpu-smollm2.md
+    python -m ebplus.bench.engine_bench --k 6,32 --out bench/results/engine-cpu-smollm2.md
 """
 
 from __future__ import annotations
@@ -63,8 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from bench.prompts import chat_requests
+from ebplus.bench.prompts import chat_requests
 
 
 def render(llm: Any, chats: list[list[dict]]) -> list[dict]:
@@ -222,7 +221,7 @@ class ControlLoop:
     """The replica's telemetry loop, in-process: drain -> FleetController.ingest -> apply."""
 
     def __init__(self, scheduler: Any, prior: Any, controller_config: Any, interval_s: float = 0.5) -> None:
-        from controller.fleet import FleetController
+        from ebplus.controller.fleet import FleetController
 
         self.scheduler = scheduler
         self.fleet = FleetController(controller_config)
@@ -246,8 +245,8 @@ class ControlLoop:
         if now < self.next:
             return
         self.next = now + self.interval
-        from controller.telemetry import TelemetryBatch
-        from replicas.control import to_completion, to_step
+        from ebplus.controller.telemetry import TelemetryBatch
+        from ebplus.replicas.control import to_completion, to_step
 
         d = self.scheduler.ebplus_drain()
         batch = TelemetryBatch(
@@ -270,8 +269,8 @@ def theory_k(profile: Any, output_lens: list[int], max_tokens: int, n: int) -> t
 
     Outputs that reached ``max_tokens`` are right-censored, as in the controller.
     """
-    from controller import theory
-    from controller.estimator import fit_hazard
+    from ebplus.controller import theory
+    from ebplus.controller.estimator import fit_hazard
 
     lens = np.asarray(output_lens, dtype=np.int64)
     p0, eta, _, _, method = fit_hazard(lens, lens >= max_tokens)
@@ -348,9 +347,9 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.engine_bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ebplus.bench.engine_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, default=Path("deploy/local.yaml"))
-    ap.add_argument("--profile", default="bench/profiles/cpu-smollm2.yaml", help="profile for k* (name or file)")
+    ap.add_argument("--profile", default="cpu-smollm2", help="profile for k* (name or file)")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=160)
@@ -362,12 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the table (markdown) and runs (JSON beside it)")
     args = ap.parse_args(argv)
 
-    from controller.cost_model import resolve_profile
-    from controller.fleet import ControllerConfig
-    from deploy.app import model_path
-    from replicas.cli import _load_config
-    from replicas.local_engine import scheduler_of, start_llm
-    from replicas.settings import default_k
+    from ebplus.controller.cost_model import resolve_profile
+    from ebplus.controller.fleet import ControllerConfig
+    from ebplus.deploy.app import model_path
+    from ebplus.replicas.cli import _load_config
+    from ebplus.replicas.local_engine import scheduler_of, start_llm
+    from ebplus.replicas.settings import default_k
 
     cfg = _load_config(args.config, None)
     source = model_path(cfg, build=True)
@@ -447,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     rows = summarize(runs, prompt_tokens)
     text = table(rows)
-    cmd = "python -m bench.engine_bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python -m ebplus.bench.engine_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

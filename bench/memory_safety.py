@@ -13,9 +13,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from controller.cost_model import resolve_profile
-from controller.estimator import WorkloadEstimator
-from controller.planner import Plan, PlannerConfig, ThresholdPlanner
+from ebplus.controller.cost_model import resolve_profile
+from ebplus.controller.estimator import WorkloadEstimator
+from ebplus.controller.planner import Plan, PlannerConfig, ThresholdPlanner
 
 #: The simulated replica: the H200 profile with a small cache, so N* is ~100-150 rather than thousands.
 SIM_KV_TOKENS = 60_000
@@ -41,7 +41,7 @@ def planner_plan(
 
 def sim_requests(output_dist: str = "uniform", requests: int = 4000, seed: int = 0) -> Any:
     """Saturated requests: prompts 256 +-50%, outputs 256 +-50% (uniform) or geometric with mean 256."""
-    from bench.workloads import LengthSpec, Workload, build_requests
+    from ebplus.bench.workloads import LengthSpec, Workload, build_requests
 
     out = LengthSpec(dist="uniform", mean=256, jitter=0.5) if output_dist == "uniform" else LengthSpec(dist="geometric", mean=256)
     wl = Workload(name=f"balanced-{output_dist}", input=LengthSpec(dist="uniform", mean=256, jitter=0.5), output=out)
@@ -54,7 +54,7 @@ def sim_plan(reqs: Any, eps: float, max_num_seqs: int = 1024) -> Plan:
 
 def sim_preemptions(reqs: Any, plan: Plan, n: int) -> int:
     """Preemptions of EB(k = theta*n, N = n) on the small-cache H200 profile."""
-    from bench.sim import Policy, SimConfig, simulate
+    from ebplus.bench.sim import Policy, SimConfig, simulate
 
     profile = resolve_profile("h200").model_copy(update={"kv_capacity_tokens": SIM_KV_TOKENS})
     k = max(1, int(plan.theta * n))

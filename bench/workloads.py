@@ -26,10 +26,9 @@ from typing import Literal
 
 import numpy as np
 import yaml
+from ebplus.bench import distributions as dist
+from ebplus.controller.cost_model import validation_message
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from bench import distributions as dist
-from controller.cost_model import validation_message
 
 WORKLOAD_DIR = Path(__file__).with_name("workloads")
 DEFAULT_REQUESTS = 2000

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.cost_model import CostModel
-from controller.fleet import ControllerConfig, FleetController, OverrideError
-from controller.telemetry import TelemetryBatch
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.fleet import ControllerConfig, FleetController, OverrideError
+from ebplus.controller.telemetry import TelemetryBatch
 
 ACTOR_NAME = "ebplus-controller"
 NAMESPACE = "ebplus"

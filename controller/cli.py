@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from controller import theory
-from controller.estimator import WorkloadEstimator
+from ebplus.controller import theory
+from ebplus.controller.estimator import WorkloadEstimator
 
 # theta0 needs alpha_p/alpha_d; without flags `estimate` uses the H200 reference
 # calibration (Qwen3-8B, DESIGN §4).

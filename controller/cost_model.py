@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
+from ebplus.controller import theory
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from controller import theory
 
 
 def step_kind(n_prefill_tokens: int, n_decode_tokens: int) -> str:
@@ -173,8 +172,8 @@ def load_profile(path: str | Path) -> HardwareProfile:
         raise ProfileError(validation_message(path, text, exc)) from None
 
 
-# Shipped profiles: bench/profiles/<name>.yaml (package data of ``bench``).
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "bench" / "profiles"
+# Shipped profiles: controller/profiles/<name>.yaml (package data of ``ebplus.controller``).
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
 
 def profile_names() -> list[str]:

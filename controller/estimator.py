@@ -22,9 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
-
-from controller import theory
-from controller.cost_model import CostModel, step_kind
+from ebplus.controller import theory
+from ebplus.controller.cost_model import CostModel, step_kind
 
 Clock = Callable[[], float]
 

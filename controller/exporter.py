@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ebplus.controller.telemetry import REJECT_REASONS
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from controller.telemetry import REJECT_REASONS
 
 R = ("replica", "model")  # per-replica labels
 

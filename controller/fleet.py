@@ -27,13 +27,11 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from controller.cost_model import CostModel, step_kind
-from controller.estimator import CostFit, CostModelFitter, Estimate, WorkloadEstimator
-from controller.planner import Plan, PlannerConfig, PlannerState, ThresholdPlanner
-from controller.stats import STEP_SECONDS_BUCKETS, UPDATE_SECONDS_BUCKETS, Histogram
-from controller.telemetry import (
+from ebplus.controller.cost_model import CostModel, step_kind
+from ebplus.controller.estimator import CostFit, CostModelFitter, Estimate, WorkloadEstimator
+from ebplus.controller.planner import Plan, PlannerConfig, PlannerState, ThresholdPlanner
+from ebplus.controller.stats import STEP_SECONDS_BUCKETS, UPDATE_SECONDS_BUCKETS, Histogram
+from ebplus.controller.telemetry import (
     MAX_COUNT,
     FinishReason,
     TelemetryBatch,
@@ -41,7 +39,8 @@ from controller.telemetry import (
     check_int,
     check_step,
 )
-from replicas.phases import Mode, ThresholdUpdate
+from ebplus.replicas.phases import Mode, ThresholdUpdate
+from pydantic import BaseModel, ConfigDict, Field
 
 logger = logging.getLogger("ebplus.controller")
 

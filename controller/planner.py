@@ -22,12 +22,11 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+from ebplus.controller import theory
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.estimator import Estimate
+from ebplus.replicas.phases import Mode, ThresholdUpdate
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from controller import theory
-from controller.cost_model import CostModel
-from controller.estimator import Estimate
-from replicas.phases import Mode, ThresholdUpdate
 
 TokenMean = Annotated[float, Field(ge=1, le=1e7)]  # a mean length in tokens (mu_L, mu_O)
 

@@ -1,1 +1,1 @@
-"""Grafana dashboards of EB+ Serve, generated from code (``python -m dashboards.generate``)."""
+"""Grafana dashboards of EB+ Serve, generated from code (``python -m ebplus.dashboards.generate``)."""

@@ -24,11 +24,10 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any, Literal, Protocol
 
+from ebplus.controller import exporter
+from ebplus.deploy.auth import Secret, bearer_token
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
-
-from controller import exporter
-from deploy.auth import Secret, bearer_token
 
 CONTROLLER_TIMEOUT_S = 5.0
 
@@ -59,9 +58,8 @@ class RayControllerClient:
         self._handle: Any = None
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        from ebplus.controller.actor import get_controller
         from ray.exceptions import RayError
-
-        from controller.actor import get_controller
 
         if self._handle is None:
             self._handle = get_controller()

@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from controller import theory
-from deploy.config import ServeConfig, parse_config
+from ebplus.controller import theory
+from ebplus.deploy.config import ServeConfig, parse_config
 
-SCHEDULER_CLS = "replicas.scheduler.EBPlusScheduler"
+SCHEDULER_CLS = "ebplus.replicas.scheduler.EBPlusScheduler"
 APP_NAME = "ebplus"
 
 
@@ -28,7 +28,7 @@ def model_path(cfg: ServeConfig, build: bool = False) -> str:
     source = cfg.model.source
     if not source.startswith("builtin:"):
         return source
-    from deploy import models
+    from ebplus.deploy import models
 
     name = source.removeprefix("builtin:")
     builders = {"smollm2": models.build_smollm2, "tiny": models.build_tiny_llama}
@@ -103,8 +103,8 @@ def replica_settings(cfg: ServeConfig) -> dict[str, Any]:
 
 def start_controller_for(cfg: ServeConfig):
     """Create (or find) the controller actor this deployment reports to."""
-    from controller.actor import start_controller
-    from controller.fleet import ControllerConfig
+    from ebplus.controller.actor import start_controller
+    from ebplus.controller.fleet import ControllerConfig
 
     c = cfg.controller
     return start_controller(
@@ -118,12 +118,11 @@ def start_controller_for(cfg: ServeConfig):
 
 def build(cfg: ServeConfig, model_source: str | None = None):
     """The Serve application for a validated config."""
+    from ebplus.deploy.ingress import EBPlusIngress, ingress_class
+    from ebplus.replicas.server import EBPlusServer
     from ray import serve
     from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
     from ray.serve.llm import build_llm_deployment
-
-    from deploy.ingress import EBPlusIngress, ingress_class
-    from replicas.server import EBPlusServer
 
     start_controller_for(cfg)
     llm = llm_config(cfg, model_source or model_path(cfg))

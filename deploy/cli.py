@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from deploy.config import ConfigError, ServeConfig, load_config
+from ebplus.deploy.config import ConfigError, ServeConfig, load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_build_model(args: argparse.Namespace) -> int:
-    from deploy import models
+    from ebplus.deploy import models
 
     builder = {"smollm2": models.build_smollm2, "tiny": models.build_tiny_llama}[args.name]
     path = builder(args.cache_dir.expanduser().resolve(), log=lambda msg: print(f"[build-model] {msg}", flush=True))
@@ -111,7 +111,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"{args.config}: ok")
         return 0
 
-    from deploy.app import APP_NAME, build, model_path
+    from ebplus.deploy.app import APP_NAME, build, model_path
 
     print(f"[serve] model {cfg.model.source} ...", flush=True)
     source = model_path(cfg, build=True)

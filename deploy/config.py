@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from ebplus.controller.cost_model import ProfileError, resolve_profile
+from ebplus.controller.fleet import ControllerConfig
+from ebplus.replicas.phases import Mode
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from controller.cost_model import ProfileError, resolve_profile
-from controller.fleet import ControllerConfig
-from replicas.phases import Mode
 
 BUILTIN_MODELS = ("builtin:smollm2", "builtin:tiny")
 
@@ -98,7 +97,7 @@ class ReplicaSection(_Section):
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica actor.")
     profile: str = Field(
         "h200",
-        description="Prior cost model: a bundled profile name (bench/profiles) or a YAML file path.",
+        description="Prior cost model: a bundled profile name (controller/profiles) or a YAML file path.",
     )
     profiles: dict[str, str] = Field(
         default_factory=dict,

@@ -12,6 +12,10 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from ebplus.deploy import admin
+from ebplus.deploy.admin import AdminService, RayControllerClient
+from ebplus.deploy.auth import load_secret
+from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit, ErrorResponses, JsonBodyGuard
 from fastapi import FastAPI, Request, Response
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -20,11 +24,6 @@ from ray.exceptions import RayActorError
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ErrorInfo, ErrorResponse
 from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, OpenAiIngress, init, make_fastapi_ingress
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
-
-from deploy import admin
-from deploy.admin import AdminService, RayControllerClient
-from deploy.auth import load_secret
-from deploy.middleware import ApiKeyGuard, BodySizeLimit, ErrorResponses, JsonBodyGuard
 
 logger = logging.getLogger("ray.serve.ebplus")
 

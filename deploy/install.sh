@@ -36,5 +36,5 @@ if [ "$extras" = "bench,dev,cpu" ]; then
   pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 # fail here, not in the middle of the tests, if the install is broken
-"$venv/bin/python" -c "import controller.theory, vllm, transformers, ray.serve"
+"$venv/bin/python" -c "import ebplus.controller.theory, vllm, transformers, ray.serve"
 echo "==> ready: $venv"

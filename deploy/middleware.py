@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable
 
-from deploy.auth import Secret, bearer_token
+from ebplus.deploy.auth import Secret, bearer_token
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 

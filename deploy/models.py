@@ -26,8 +26,8 @@ without any cast and the checkpoint is a lossless image of the GGUF (~540 MB).
 
 CLI::
 
-    python -m deploy.models smollm2 --cache-dir models
-    python -m deploy.models tiny --cache-dir models --seed 0
+    python -m ebplus.deploy.models smollm2 --cache-dir models
+    python -m ebplus.deploy.models tiny --cache-dir models --seed 0
 """
 
 from __future__ import annotations
@@ -388,8 +388,8 @@ def build_tiny_llama(cache_dir: Path, seed: int = 0, log: Log = _quiet) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m deploy.models {smollm2,tiny} [--cache-dir DIR] [--seed N]``."""
-    parser = argparse.ArgumentParser(prog="python -m deploy.models", description=__doc__.split("\n")[0])
+    """Command line: ``python -m ebplus.deploy.models {smollm2,tiny} [--cache-dir DIR] [--seed N]``."""
+    parser = argparse.ArgumentParser(prog="python -m ebplus.deploy.models", description=__doc__.split("\n")[0])
     parser.add_argument("model", choices=["smollm2", "tiny"])
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     parser.add_argument("--seed", type=int, default=0, help="tiny model only")

@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 
 # subcommand -> module that registers it. Order is the order shown in --help.
 COMMANDS: dict[str, str] = {
-    "theory": "controller.cli",
-    "estimate": "controller.cli",
-    "simulate": "bench.cli",
-    "bench-sim": "bench.cli",
-    "profile": "replicas.cli",
-    "serve": "deploy.cli",
-    "build-model": "deploy.cli",
+    "theory": "ebplus.controller.cli",
+    "estimate": "ebplus.controller.cli",
+    "simulate": "ebplus.bench.cli",
+    "bench-sim": "ebplus.bench.cli",
+    "profile": "ebplus.replicas.cli",
+    "serve": "ebplus.deploy.cli",
+    "build-model": "ebplus.deploy.cli",
 }
 
 HELP: dict[str, str] = {

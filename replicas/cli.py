@@ -29,14 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
             "beta_p, alpha_d, beta_d, alpha_mb, beta_mb(r) = a + b r + c r^2 and the KV-read cost "
             "beta_kv with the controller's robust cost-model fitter, and write a profile YAML in the "
             "simulator's format "
-            "(bench/profiles/<name>.yaml). Takes a few minutes for SmolLM2 on 2 CPU cores."
+            "(controller/profiles/<name>.yaml). Takes a few minutes for SmolLM2 on 2 CPU cores."
         ),
         epilog="Example: ebplus profile --config deploy/local.yaml --name cpu-smollm2",
     )
     p.add_argument("--config", type=Path, default=Path("deploy/local.yaml"), help="deployment config (engine + model)")
     p.add_argument("--model", default=None, help="override model.source (a directory, builtin:smollm2, builtin:tiny)")
     p.add_argument("--name", default=None, help="profile name (default: cpu-<model id> or gpu-<model id>)")
-    p.add_argument("--out", type=Path, default=None, help="output YAML (default: bench/profiles/<name>.yaml)")
+    p.add_argument("--out", type=Path, default=None, help="output YAML (default: controller/profiles/<name>.yaml)")
     p.add_argument("--rounds", type=_positive_int, default=None, help="measurement rounds (default 3)")
     p.add_argument("--quick", action="store_true", help="a short plan for smoke tests (one small round)")
     p.add_argument("--steps-out", type=Path, default=None, help="also write the raw step rows (JSON lines)")
@@ -46,8 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _load_config(path: Path, model: str | None):
     """The deployment config, without its prior profile (which may be the very file being made)."""
     import yaml
-
-    from deploy.config import ConfigError, parse_config
+    from ebplus.deploy.config import ConfigError, parse_config
 
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -68,10 +67,10 @@ def run_profile(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
-    from controller.cost_model import PROFILE_DIR, dump_profile
-    from deploy.app import model_path
-    from replicas import profiling
-    from replicas.local_engine import start_llm
+    from ebplus.controller.cost_model import PROFILE_DIR, dump_profile
+    from ebplus.deploy.app import model_path
+    from ebplus.replicas import profiling
+    from ebplus.replicas.local_engine import start_llm
 
     cfg = _load_config(args.config, args.model)
     plan = profiling.QUICK_PLAN if args.quick else profiling.ProfilePlan()

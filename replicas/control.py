@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord
 
 UTILITY = "ebplus_call"
 

@@ -19,9 +19,9 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from deploy.config import ServeConfig
+from ebplus.deploy.config import ServeConfig
 
-SCHEDULER_CLS = "replicas.scheduler.EBPlusScheduler"
+SCHEDULER_CLS = "ebplus.replicas.scheduler.EBPlusScheduler"
 
 
 @contextlib.contextmanager

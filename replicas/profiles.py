@@ -8,7 +8,7 @@ own step timings, so the prior only has to be in the right range.
 
 from __future__ import annotations
 
-from controller.cost_model import CostModel, resolve_profile
+from ebplus.controller.cost_model import CostModel, resolve_profile
 
 
 def profile_for_device(replica_settings: dict, device: str) -> str:

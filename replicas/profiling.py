@@ -41,11 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from controller import theory
-from controller.cost_model import CostModel, HardwareProfile, step_kind
-from controller.estimator import CostFit, CostModelFitter, robust_linear_fit
-from replicas.control import to_step
+from ebplus.controller import theory
+from ebplus.controller.cost_model import CostModel, HardwareProfile, step_kind
+from ebplus.controller.estimator import CostFit, CostModelFitter, robust_linear_fit
+from ebplus.replicas.control import to_step
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ class _Driver:
     """Adds requests and runs single engine steps on an in-process ``LLM``."""
 
     def __init__(self, llm: Any, seed: int) -> None:
-        from replicas.local_engine import scheduler_of, vocab_size
+        from ebplus.replicas.local_engine import scheduler_of, vocab_size
 
         self.engine = llm.llm_engine
         self.scheduler = scheduler_of(llm)
@@ -102,9 +101,8 @@ class _Driver:
         self.ids = itertools.count()
 
     def add(self, prompt_len: int, max_tokens: int) -> str:
+        from ebplus.replicas.local_engine import random_prompt
         from vllm import SamplingParams
-
-        from replicas.local_engine import random_prompt
 
         prompt_len = max(1, min(prompt_len, self.max_len - max_tokens))
         rid = f"profile-{next(self.ids)}"

@@ -1,6 +1,6 @@
 """The EB+ scheduler: vLLM's own scheduler, steered by :mod:`replicas.phases`.
 
-Use it in plain vLLM with ``scheduler_cls="replicas.scheduler.EBPlusScheduler"``
+Use it in plain vLLM with ``scheduler_cls="ebplus.replicas.scheduler.EBPlusScheduler"``
 (CLI ``--scheduler-cls``), configured by ``EBPLUS_MODE``/``EBPLUS_K``/``EBPLUS_N``
 (:mod:`replicas.settings`); our replicas change the thresholds at run time through
 the engine-core utility :data:`replicas.control.UTILITY`.
@@ -39,6 +39,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ebplus.controller.telemetry import FinishReason
+from ebplus.replicas.control import UTILITY
+from ebplus.replicas.phases import EngineView, Mode, PhaseMachine, StepPlan, ThresholdUpdate
+from ebplus.replicas.recorder import TelemetryRecorder
+from ebplus.replicas.settings import from_env
 from vllm.platforms import current_platform
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -46,12 +51,6 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import FinishReason as VllmFinishReason
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
-
-from controller.telemetry import FinishReason
-from replicas.control import UTILITY
-from replicas.phases import EngineView, Mode, PhaseMachine, StepPlan, ThresholdUpdate
-from replicas.recorder import TelemetryRecorder
-from replicas.settings import from_env
 
 # NOTE: a repetition stop cuts the output short of its natural end: report it as
 # an abort, which the controller treats as right-censored (like a length cap).

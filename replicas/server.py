@@ -22,12 +22,11 @@ import time
 from collections import deque
 from typing import Any
 
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.telemetry import CompletionRecord, StepRecord, TelemetryBatch
+from ebplus.replicas.control import EngineControl, to_completion, to_step
+from ebplus.replicas.profiles import prior_for_device
 from ray.serve.llm import LLMServer
-
-from controller.cost_model import CostModel
-from controller.telemetry import CompletionRecord, StepRecord, TelemetryBatch
-from replicas.control import EngineControl, to_completion, to_step
-from replicas.profiles import prior_for_device
 
 # a child of Ray Serve's logger, so lines land in the replica's log with its id
 logger = logging.getLogger("ray.serve.ebplus")
@@ -190,7 +189,7 @@ class EBPlusServer(LLMServer):
 
     async def _controller_handle(self) -> Any:
         if self._controller is None:
-            from controller.actor import get_controller
+            from ebplus.controller.actor import get_controller
 
             # a GCS round trip: off the event loop that streams responses
             self._controller = await asyncio.to_thread(get_controller)

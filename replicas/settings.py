@@ -24,9 +24,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from controller import theory
-from controller.planner import PlannerConfig
-from replicas.phases import Mode, ThresholdUpdate
+from ebplus.controller import theory
+from ebplus.controller.planner import PlannerConfig
+from ebplus.replicas.phases import Mode, ThresholdUpdate
 
 ENV_MODE = "EBPLUS_MODE"
 ENV_K = "EBPLUS_K"

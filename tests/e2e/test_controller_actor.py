@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from bench.reliability import wait_until
-from controller.actor import ACTOR_NAME, NAMESPACE, get_controller, start_controller
-from controller.cost_model import CostModel
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from ebplus.bench.reliability import wait_until
+from ebplus.controller.actor import ACTOR_NAME, NAMESPACE, get_controller, start_controller
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from bench import reliability as rel
+from ebplus.bench import reliability as rel
 
 pytestmark = [pytest.mark.e2e]
 
@@ -149,7 +148,7 @@ def test_controller_killed_under_load(faults: rel.Deployment, cluster: rel.Clust
 
 
 def rel_push_timeout() -> float:
-    from replicas.server import PUSH_TIMEOUT_S
+    from ebplus.replicas.server import PUSH_TIMEOUT_S
 
     return PUSH_TIMEOUT_S
 

@@ -29,14 +29,14 @@ from engine_helpers import (
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from deploy import models
+    from ebplus.deploy import models
 
     return models.build_tiny_llama(models.DEFAULT_CACHE_DIR, seed=0)
 
 
 @pytest.fixture(scope="session")
 def smollm2_model() -> Path:
-    from deploy import models
+    from ebplus.deploy import models
 
     try:
         return models.build_smollm2(models.DEFAULT_CACHE_DIR)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEDULER_CLS = "replicas.scheduler.EBPlusScheduler"
+SCHEDULER_CLS = "ebplus.replicas.scheduler.EBPlusScheduler"
 
 #: The tiny engines' shape: a 64-token budget forces chunked prefills of the longer prompts.
 TINY_ENGINE = {

@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from ebplus.bench import memory_safety as ms
 from engine_helpers import TINY_ENGINE, core_of, make_llm
-
-from bench import memory_safety as ms
 
 pytestmark = pytest.mark.engine
 

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from deploy import models
+from ebplus.deploy import models
 
 TEXTS = [
     "Hello, world! The scheduler admits 32 requests.",
@@ -117,7 +116,7 @@ def test_incomplete_directory_is_rebuilt(tmp_path: Path) -> None:
 def test_cli_tiny(tmp_path: Path) -> None:
     repo = Path(models.__file__).resolve().parent.parent
     proc = subprocess.run(
-        [sys.executable, "-m", "deploy.models", "tiny", "--cache-dir", str(tmp_path)],
+        [sys.executable, "-m", "ebplus.deploy.models", "tiny", "--cache-dir", str(tmp_path)],
         cwd=repo,
         capture_output=True,
         text=True,

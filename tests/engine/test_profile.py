@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from controller.cost_model import load_profile
+from ebplus.controller.cost_model import load_profile
 
 pytestmark = pytest.mark.engine
 

@@ -212,7 +212,7 @@ def test_kv_pressure_completes_without_empty_steps(
     [pytest.param({"mode": "eb", "k": 4, "n": 16}, id="eb"), pytest.param({"mode": "mb", "n": 16}, id="mb")],
 )
 def test_async_scheduler_variant(eb_tiny_async: Any, workload: Workload, reference: tuple, update: dict) -> None:
-    from replicas.scheduler import EBPlusAsyncScheduler
+    from ebplus.replicas.scheduler import EBPlusAsyncScheduler
 
     core = core_of(eb_tiny_async)
     assert type(core.scheduler) is EBPlusAsyncScheduler
@@ -228,7 +228,7 @@ def test_async_scheduler_variant(eb_tiny_async: Any, workload: Workload, referen
 
 
 def test_sync_engine_gets_the_sync_class(eb_tiny: Any) -> None:
-    from replicas.scheduler import EBPlusAsyncScheduler, EBPlusScheduler
+    from ebplus.replicas.scheduler import EBPlusAsyncScheduler, EBPlusScheduler
 
     core = core_of(eb_tiny)
     assert type(core.scheduler) is EBPlusScheduler
@@ -239,13 +239,12 @@ def test_control_channel_through_asyncllm(tiny_model: Path) -> None:
     """The replica's route: AsyncLLM (engine core in its own process) + replicas.control.EngineControl."""
 
     async def scenario() -> None:
+        from ebplus.replicas.control import EngineControl
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from replicas.control import EngineControl
-
-        args = AsyncEngineArgs(model=str(tiny_model), scheduler_cls="replicas.scheduler.EBPlusScheduler", **TINY_ENGINE)
+        args = AsyncEngineArgs(model=str(tiny_model), scheduler_cls="ebplus.replicas.scheduler.EBPlusScheduler", **TINY_ENGINE)
         with engine_env(EBPLUS_MODE="eb", EBPLUS_K="3", EBPLUS_N="8", VLLM_ENABLE_V1_MULTIPROCESSING="1"):
             engine = AsyncLLM.from_engine_args(args)
         try:
@@ -280,7 +279,7 @@ def test_control_channel_through_asyncllm(tiny_model: Path) -> None:
 def test_invalid_environment_fails_engine_start(tiny_model: Path) -> None:
     code = (
         "from vllm import LLM\n"
-        f"LLM(model={str(tiny_model)!r}, scheduler_cls='replicas.scheduler.EBPlusScheduler', "
+        f"LLM(model={str(tiny_model)!r}, scheduler_cls='ebplus.replicas.scheduler.EBPlusScheduler', "
         "dtype='float32', enforce_eager=True, max_model_len=256, max_num_seqs=4)\n"
     )
     env = {**os.environ, "EBPLUS_MODE": "turbo", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}

@@ -27,15 +27,14 @@ def _llm(model: str, scheduler: bool, **env: str) -> Any:
     os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env})
     kwargs: dict[str, Any] = {"model": model, "max_model_len": 2048, "max_num_seqs": 16, "gpu_memory_utilization": 0.3}
     if scheduler:
-        kwargs["scheduler_cls"] = "replicas.scheduler.EBPlusScheduler"
+        kwargs["scheduler_cls"] = "ebplus.replicas.scheduler.EBPlusScheduler"
     return LLM(**kwargs, dtype="float32", enforce_eager=True, max_num_batched_tokens=256, enable_prefix_caching=False)
 
 
 def test_async_scheduler_on_gpu_matches_stock() -> None:
+    from ebplus.deploy import models
+    from ebplus.replicas.scheduler import EBPlusAsyncScheduler
     from vllm import SamplingParams
-
-    from deploy import models
-    from replicas.scheduler import EBPlusAsyncScheduler
 
     model = str(models.build_smollm2(models.DEFAULT_CACHE_DIR))
     params = SamplingParams(temperature=0.0, max_tokens=48)

@@ -29,11 +29,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from ebplus.deploy.config import load_config, parse_config
+from ebplus.deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
 from external_tools import REPO, binary, node_modules
 from ray.serve.schema import ServeDeploySchema
-
-from deploy.config import load_config, parse_config
-from deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
 
 CHART = REPO / "helm" / "ebplus"
 CRD = REPO.parent / "shared" / "schemas" / "ray.io_rayservices.yaml"
@@ -105,7 +104,7 @@ def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
 
 
 def test_values_schema_is_generated() -> None:
-    assert SCHEMA_PATH.read_text() == render_schema(), "stale: run `python -m deploy.helm_values`"
+    assert SCHEMA_PATH.read_text() == render_schema(), "stale: run `python -m ebplus.deploy.helm_values`"
 
 
 def test_default_config_is_the_gpu_example() -> None:
@@ -206,7 +205,7 @@ def test_serve_config_is_ray_serve_schema_and_our_config(helm: str, case: str) -
     serve = yaml.safe_load(rs["spec"]["serveConfigV2"])
     ServeDeploySchema.model_validate(serve)
     (app,) = serve["applications"]
-    assert app["import_path"] == "deploy.app:build_app" and app["route_prefix"] == "/"
+    assert app["import_path"] == "ebplus.deploy.app:build_app" and app["route_prefix"] == "/"
     config = parse_config(app["args"], f"{case}: serveConfigV2 args")
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     if CASES[case] is None:

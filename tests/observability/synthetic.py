@@ -12,12 +12,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
-
-from controller.cost_model import CostModel
-from controller.exporter import render
-from controller.fleet import FleetController
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from replicas.phases import Mode
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.exporter import render
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from ebplus.replicas.phases import Mode
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)

@@ -15,12 +15,11 @@ import subprocess
 import sys
 
 import pytest
+from ebplus.controller.exporter import SPECS
+from ebplus.dashboards.external import EXTERNAL
+from ebplus.dashboards.promql import base_name, metric_names
 from external_tools import REPO
 from observability.panels import DASHBOARDS, load, panel_queries, variable_queries
-
-from controller.exporter import SPECS
-from dashboards.external import EXTERNAL
-from dashboards.promql import base_name, metric_names
 
 HISTOGRAMS = {n for n, s in (*SPECS.items(), *EXTERNAL.items()) if s.kind == "histogram"}
 QUERIES = list(panel_queries()) + list(variable_queries())
@@ -28,7 +27,7 @@ QUERIES = list(panel_queries()) + list(variable_queries())
 
 def test_committed_files_are_generated() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "dashboards.generate", "--check"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "ebplus.dashboards.generate", "--check"], cwd=REPO, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
 

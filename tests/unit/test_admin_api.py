@@ -6,14 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ebplus.controller.actor import ControllerActor
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from ebplus.deploy import admin
+from ebplus.deploy.auth import Secret
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-
-from controller.actor import ControllerActor
-from controller.cost_model import CostModel
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from deploy import admin
-from deploy.auth import Secret
 
 TOKEN = "s3cret-token"
 H200 = CostModel(
@@ -178,7 +177,7 @@ def test_state_survives_actor_restart(tmp_path: Path) -> None:
 
 def test_full_ingress_app_keeps_422_for_admin(actor) -> None:
     """Ray's OpenAI app maps validation errors to 400; /admin must still answer 422 with the field."""
-    from deploy.ingress import make_app
+    from ebplus.deploy.ingress import make_app
 
     app = make_app(1 << 20, {"api_key_env": "EBPLUS_TEST_UNSET_KEY", "api_key_file": None})
     service = admin.AdminService(admin.LocalControllerClient(actor), Secret(TOKEN, "test"), "m")

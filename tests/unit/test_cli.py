@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ebplus.bench import distributions as dist
+from ebplus.controller import cli as controller_cli
 
-from bench import distributions as dist
-from controller import cli as controller_cli
 from ebplus.cli import main
 
 THEORY = [

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from deploy.config import ConfigError, ServeConfig, json_schema, load_config, parse_config
-from replicas.phases import Mode
+from ebplus.deploy.config import ConfigError, ServeConfig, json_schema, load_config, parse_config
+from ebplus.replicas.phases import Mode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +86,7 @@ def test_json_schema_covers_every_section() -> None:
 
 def test_serve_banner_names_the_ray_cluster() -> None:
     """A driver (fault tests, an operator's shell) needs this cluster's address, not Ray's "auto"."""
-    from deploy.cli import banner
+    from ebplus.deploy.cli import banner
 
     cfg = load_config(ROOT / "deploy" / "local.yaml")
     assert "Ray cluster  10.0.0.5:6379" in banner(cfg, "10.0.0.5:6379")

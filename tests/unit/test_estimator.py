@@ -6,10 +6,9 @@ import itertools
 
 import numpy as np
 import pytest
-
-from bench import distributions as dist
-from controller.cost_model import CostModel
-from controller.estimator import CostModelFitter, WorkloadEstimator, fit_hazard, robust_linear_fit
+from ebplus.bench import distributions as dist
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.estimator import CostModelFitter, WorkloadEstimator, fit_hazard, robust_linear_fit
 
 
 def estimate_of(outputs: np.ndarray, censored: np.ndarray | None = None, inputs: np.ndarray | None = None):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.exporter import METRICS, render
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from ebplus.replicas.phases import Mode
 from prometheus_client.parser import text_string_to_metric_families
-
-from controller.cost_model import CostModel
-from controller.exporter import METRICS, render
-from controller.fleet import FleetController
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from replicas.phases import Mode
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)

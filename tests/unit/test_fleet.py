@@ -6,12 +6,11 @@ import json
 
 import numpy as np
 import pytest
-
-from controller.cost_model import CostModel
-from controller.fleet import ControllerConfig, FleetController, OverrideError
-from controller.planner import PlannerConfig
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from replicas.phases import Mode
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.fleet import ControllerConfig, FleetController, OverrideError
+from ebplus.controller.planner import PlannerConfig
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from ebplus.replicas.phases import Mode
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
@@ -253,7 +252,7 @@ def test_a_failing_replan_leaves_the_replica_on_its_plan_and_the_fleet_convergin
 def test_cold_auto_replica_leaves_mb_when_the_prior_prefers_eb_for_any_workload(clock: FakeClock) -> None:
     """Before any estimate: an auto RTX PRO 6000 replica under a 2048-deep load switches to EB
     (cause "cold", a new version for the whole fleet); an mb-configured one and an idle one do not."""
-    from controller.cost_model import resolve_profile
+    from ebplus.controller.cost_model import resolve_profile
 
     rtx = resolve_profile("rtx-pro-6000")
     fc = FleetController(ControllerConfig(concurrency_ema=1.0), clock=clock)

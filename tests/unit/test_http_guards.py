@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ebplus.deploy.auth import Secret, bearer_token, load_secret
+from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
-
-from deploy.auth import Secret, bearer_token, load_secret
-from deploy.middleware import ApiKeyGuard, BodySizeLimit
 
 
 def app_with(key: str | None, max_bytes: int = 1024) -> TestClient:
@@ -86,9 +85,8 @@ def test_bearer_token_parsing(header: str | None, token: str | None) -> None:
 
 
 def guarded_app() -> TestClient:
+    from ebplus.deploy.middleware import ErrorResponses, JsonBodyGuard
     from fastapi.responses import PlainTextResponse
-
-    from deploy.middleware import ErrorResponses, JsonBodyGuard
 
     app = FastAPI()
 
@@ -182,7 +180,7 @@ def test_streams_pass_through_the_error_filter() -> None:
 
 def test_full_ingress_app_refuses_hostile_bodies_before_the_handlers() -> None:
     """The same on the real app (Ray's OpenAI app + /admin); these were 500s on the live deployment."""
-    from deploy.ingress import make_app
+    from ebplus.deploy.ingress import make_app
 
     c = TestClient(make_app(1 << 20, {"api_key_env": "EBPLUS_TEST_UNSET_KEY", "api_key_file": None}))
     r = c.post("/v1/completions", content=b'{"model": "m", "prompt": "\\ud800"}', headers={"content-type": "application/json"})
@@ -202,11 +200,10 @@ def test_replica_death_becomes_a_503_error_not_a_500_or_a_cut_stream(monkeypatch
     """
     import asyncio
 
+    from ebplus.deploy.ingress import EBPlusIngress
     from ray.exceptions import ActorDiedError
     from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
     from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
-
-    from deploy.ingress import EBPlusIngress
 
     async def dying(self, **kwargs):
         for i in range(chunks_before):
@@ -241,8 +238,8 @@ def test_api_key_also_guards_the_tokenizer_routes() -> None:
 
 def test_request_fan_out_is_bounded_by_the_engine() -> None:
     """n and the prompts per request are capped at max_num_seqs (vLLM: 16,384 and 1,024 by default)."""
-    from deploy.app import engine_env, request_limits
-    from deploy.config import parse_config
+    from ebplus.deploy.app import engine_env, request_limits
+    from ebplus.deploy.config import parse_config
 
     cfg = parse_config({"engine": {"max_num_seqs": 48}})
     assert request_limits(cfg) == {"VLLM_MAX_N_SEQUENCES": "48", "VLLM_MAX_COMPLETION_PROMPTS": "48"}
@@ -253,7 +250,7 @@ def test_token_comparison_is_constant_time(monkeypatch: pytest.MonkeyPatch) -> N
     """Every credential check goes through hmac.compare_digest (no early exit on the first wrong byte)."""
     import hmac
 
-    from deploy import auth
+    from ebplus.deploy import auth
 
     calls = []
     real = hmac.compare_digest
@@ -282,9 +279,8 @@ def test_token_comparison_is_constant_time(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_body_that_crashes_a_validator_is_400_not_500(body: dict) -> None:
     """vLLM's own ChatCompletionRequest raises TypeError in before-validators on these shapes (500s found by
     schemathesis on the live deployment); the ingress answers them 400 with the reason."""
+    from ebplus.deploy.ingress import install_body_crash_handlers
     from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
-
-    from deploy.ingress import install_body_crash_handlers
 
     app = FastAPI()
 
@@ -319,10 +315,9 @@ def test_chat_messages_of_the_wrong_shape_are_400_not_500(monkeypatch: pytest.Mo
     """These pass parsing and used to fail further on (Ray's sanitiser, the replica's renderer) as 500s."""
     import asyncio
 
+    from ebplus.deploy.ingress import EBPlusIngress
     from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ErrorResponse
     from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
-
-    from deploy.ingress import EBPlusIngress
 
     async def must_not_run(self, **kwargs):
         raise AssertionError("the request should not reach a replica")
@@ -340,8 +335,8 @@ def test_chat_messages_of_the_wrong_shape_are_400_not_500(monkeypatch: pytest.Mo
 
 def test_replicas_start_with_the_configured_cold_theta() -> None:
     """Before the controller's first reply a replica runs k = floor(theta_cold * N) of *this* config."""
-    from deploy.app import engine_env
-    from deploy.config import parse_config
+    from ebplus.deploy.app import engine_env
+    from ebplus.deploy.config import parse_config
 
     cfg = parse_config({"engine": {"max_num_seqs": 64}, "controller": {"planner": {"theta_cold": 0.25}}})
     assert engine_env(cfg)["EBPLUS_K"] == "16"

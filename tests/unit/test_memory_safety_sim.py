@@ -10,9 +10,8 @@ preemptions by >10x). The engine counterpart is ``tests/engine/test_memory_safet
 from __future__ import annotations
 
 import pytest
-
-from bench.memory_safety import sim_plan, sim_preemptions, sim_requests
-from controller.planner import PlannerConfig
+from ebplus.bench.memory_safety import sim_plan, sim_preemptions, sim_requests
+from ebplus.controller.planner import PlannerConfig
 
 
 @pytest.fixture(scope="module")

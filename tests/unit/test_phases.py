@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from replicas.phases import EngineView, Mode, Phase, PhaseMachine, ThresholdUpdate
+from ebplus.replicas.phases import EngineView, Mode, Phase, PhaseMachine, ThresholdUpdate
 
 
 def machine(mode: Mode = Mode.EB, k: int = 4, n: int = 16, active: Mode = Mode.MB) -> PhaseMachine:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from controller import theory
-from controller.cost_model import CostModel
-from controller.estimator import Estimate
-from controller.planner import Plan, PlannerConfig, ThresholdPlanner
-from replicas.phases import Mode
+from ebplus.controller import theory
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.estimator import Estimate
+from ebplus.controller.planner import Plan, PlannerConfig, ThresholdPlanner
+from ebplus.replicas.phases import Mode
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
@@ -150,7 +149,7 @@ def test_config_rejects_bad_values(field: str, value: object) -> None:
 
 
 def shipped(name: str) -> tuple[CostModel, int]:
-    from controller.cost_model import resolve_profile
+    from ebplus.controller.cost_model import resolve_profile
 
     prof = resolve_profile(name)
     return prof.cost_model(), prof.kv_capacity_tokens

@@ -6,12 +6,12 @@ import random
 from pathlib import Path
 
 import pytest
+from ebplus.controller.cost_model import CostModel
+from ebplus.replicas import profiling
+from ebplus.replicas.cli import _load_config
+from ebplus.replicas.profiling import ProfilePlan
 
-from controller.cost_model import CostModel
 from ebplus.cli import main
-from replicas import profiling
-from replicas.cli import _load_config
-from replicas.profiling import ProfilePlan
 
 TRUE = CostModel(alpha_p=0.02, beta_p=3e-3, alpha_d=0.03, beta_d=1.8e-3, beta_mb=(3e-3, -1.5e-3, 4e-4), alpha_mb=0.025)
 

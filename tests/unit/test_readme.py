@@ -17,10 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ebplus.controller.exporter import METRICS
+from ebplus.deploy.config import ServeConfig
 from pydantic import BaseModel
-
-from controller.exporter import METRICS
-from deploy.config import ServeConfig
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
@@ -142,7 +141,7 @@ def test_every_config_key_is_documented_with_its_default() -> None:
 def admin_routes() -> set[tuple[str, str]]:
     """``(method, path)`` of every route of ``deploy.admin.router``."""
     try:
-        from deploy import admin
+        from ebplus.deploy import admin
     except ImportError:  # no FastAPI in this environment: read the route decorators instead
         tree = ast.parse((REPO / "deploy" / "admin.py").read_text())
         return {
@@ -217,7 +216,7 @@ def test_layout_table_lists_every_module_and_only_existing_paths() -> None:
 
 
 def test_observability_section_is_the_generated_one() -> None:
-    from dashboards.generate import README_SECTION, outputs
+    from ebplus.dashboards.generate import README_SECTION, outputs
 
     generated = outputs()[README_SECTION]
     if generated in README:
@@ -226,7 +225,7 @@ def test_observability_section_is_the_generated_one() -> None:
         generated.splitlines(), section("Observability").splitlines(), "generated", "README.md", lineterm="", n=0
     )
     raise AssertionError(
-        "README's Observability section is not the generated one (`python -m dashboards.generate`, then copy "
+        "README's Observability section is not the generated one (`python -m ebplus.dashboards.generate`, then copy "
         "dashboards/README-section.md into README):\n" + "\n".join(list(diff)[:20])
     )
 

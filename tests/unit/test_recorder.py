@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from replicas.recorder import COUNTERS, TelemetryRecorder, step_kind
+from ebplus.replicas.recorder import COUNTERS, TelemetryRecorder, step_kind
 
 
 class Clock:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from controller.actor import ControllerActor
-from controller.cost_model import CostModel
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord
-from replicas.control import to_completion, to_step
-from replicas.profiles import profile_for_device
-from replicas.server import EBPlusServer, TelemetryOutbox
+from ebplus.controller.actor import ControllerActor
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord
+from ebplus.replicas.control import to_completion, to_step
+from ebplus.replicas.profiles import profile_for_device
+from ebplus.replicas.server import EBPlusServer, TelemetryOutbox
 
 
 def test_outbox_is_bounded_and_counts_drops() -> None:
@@ -155,8 +154,8 @@ def test_records_survive_a_controller_that_no_longer_knows_the_replica(tmp_path)
 
 
 def test_forgotten_replica_resumes_instead_of_cold_starting() -> None:
-    from controller.fleet import ControllerConfig, FleetController
-    from controller.telemetry import TelemetryBatch
+    from ebplus.controller.fleet import ControllerConfig, FleetController
+    from ebplus.controller.telemetry import TelemetryBatch
 
     now = [1000.0]
     fc = FleetController(ControllerConfig(update_every=20, first_update=20, min_samples=20), clock=lambda: now[0])

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from replicas.phases import Mode
-from replicas.settings import DEFAULT_TELEMETRY_BUFFER, SettingsError, default_k, from_env
+from ebplus.replicas.phases import Mode
+from ebplus.replicas.settings import DEFAULT_TELEMETRY_BUFFER, SettingsError, default_k, from_env
 
 
 def test_defaults_auto_mb_n_is_max_num_seqs() -> None:

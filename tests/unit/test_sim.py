@@ -6,11 +6,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from bench.sim import Policy, SimConfig, simulate
-from bench.workloads import LengthSpec, PhaseSpec, Schedule, Workload, build_requests
-from controller import theory
-from controller.cost_model import HardwareProfile
+from ebplus.bench.sim import Policy, SimConfig, simulate
+from ebplus.bench.workloads import LengthSpec, PhaseSpec, Schedule, Workload, build_requests
+from ebplus.controller import theory
+from ebplus.controller.cost_model import HardwareProfile
 
 RAW_H200 = dict(alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5)
 BETA_MB = (2.494e-5, 5.193e-5, 1.478e-5)

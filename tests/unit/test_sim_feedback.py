@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from bench import distributions as dist
-from controller import theory
-from controller.cost_model import CostModel
-from controller.estimator import CostModelFitter, Estimate, WorkloadEstimator
-from controller.fleet import ControllerConfig, FleetController
-from controller.planner import PlannerConfig, ThresholdPlanner
-from controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch, check_step
-from replicas.phases import Mode
+from ebplus.bench import distributions as dist
+from ebplus.controller import theory
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.estimator import CostModelFitter, Estimate, WorkloadEstimator
+from ebplus.controller.fleet import ControllerConfig, FleetController
+from ebplus.controller.planner import PlannerConfig, ThresholdPlanner
+from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch, check_step
+from ebplus.replicas.phases import Mode
 
 KV = CostModel(
     alpha_p=1e-3, beta_p=2.5e-5, alpha_d=6e-3, beta_d=3e-5, beta_mb=(2.5e-5, 1e-5, 5e-6), alpha_mb=1e-3, beta_kv=3e-8

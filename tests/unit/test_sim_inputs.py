@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ebplus.bench import workloads as wl
+from ebplus.bench.sim import SimResult
+from ebplus.controller.cost_model import ProfileError, load_profile, profile_names, resolve_profile
 
-from bench import workloads as wl
-from bench.sim import SimResult
-from controller.cost_model import ProfileError, load_profile, profile_names, resolve_profile
 from ebplus.cli import main
 
 

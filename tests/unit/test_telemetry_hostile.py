@@ -11,15 +11,14 @@ import asyncio
 import math
 
 import pytest
+from ebplus.controller.actor import ControllerActor
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.fleet import ControllerConfig, FleetController
+from ebplus.controller.telemetry import REJECT_REASONS, CompletionRecord, FinishReason, StepRecord, TelemetryBatch
+from ebplus.replicas.phases import Mode
+from ebplus.replicas.server import TelemetryOutbox
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from controller.actor import ControllerActor
-from controller.cost_model import CostModel
-from controller.fleet import ControllerConfig, FleetController
-from controller.telemetry import REJECT_REASONS, CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from replicas.phases import Mode
-from replicas.server import TelemetryOutbox
 
 PRIOR = CostModel(alpha_p=1e-3, beta_p=1e-5, alpha_d=1e-2, beta_d=1e-5, beta_mb=(1e-5, 0.0, 0.0))
 
@@ -175,7 +174,7 @@ def test_actor_ingest_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) ->
 def test_a_new_version_is_persisted_before_it_is_published(tmp_path) -> None:
     """Found by killing the live controller: a restart from a snapshot older than the last decision
     re-issued that decision's version number with other thresholds."""
-    from controller.actor import StateStore
+    from ebplus.controller.actor import StateStore
 
     actor = ControllerActor({"update_every": 10, "first_update": 10, "min_samples": 10}, state_dir=str(tmp_path), housekeeping=False)
     asyncio.run(actor.register("r0", "auto", 100_000, 64, PRIOR.model_dump(), "cpu"))

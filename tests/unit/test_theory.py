@@ -8,11 +8,10 @@ import math
 import mpmath
 import numpy as np
 import pytest
+from ebplus.controller import theory
+from ebplus.controller.cost_model import CostModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from controller import theory
-from controller.cost_model import CostModel
 
 H200 = dict(alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5)
 RTX = dict(alpha_p=4.691e-3, beta_p=5.008e-5, alpha_d=1.0376e-2, beta_d=1.0388e-4)
