@@ -1,0 +1,53 @@
+"""The reliability harness: a live deployment, a Ray driver for real faults, an OpenAI load, hostile requests.
+
+Used by ``tests/e2e/test_reliability.py`` (short runs with assertions) and by
+``bench/reliability_bench.py`` (longer runs that write the Reliability table).
+Every fault is real: the controller actor is killed with ``ray.kill`` (Ray
+restarts it) or stopped with SIGSTOP; a model replica's process gets SIGKILL.
+All traffic goes to loopback; every wait has a deadline.
+
+One module per concern:
+
+- :mod:`.deployment`: ``ebplus serve`` started, attached to, waited for and stopped;
+- :mod:`.cluster`: the Ray driver that injects the faults and reads replica state;
+- :mod:`.fleet`: the fleet as the controller sees it (healthy, converged; counters);
+- :mod:`.load`: the OpenAI client load and what it saw;
+- :mod:`.faults`, :mod:`.overload`, :mod:`.hostile`: the scenarios, each returning
+  plain figures (JSON-able) that the tests assert on and the benchmark tabulates;
+- :mod:`.waiting`: :func:`wait_until` and :class:`HarnessError`.
+
+This module re-exports what the tests and benchmarks use.
+"""
+
+from ebplus.bench.reliability.cluster import Cluster
+from ebplus.bench.reliability.deployment import (
+    FAULTS_CONFIG,
+    Deployment,
+    attach_deployment,
+    start_deployment,
+    stop_deployment,
+)
+from ebplus.bench.reliability.faults import scenario_controller_kills, scenario_hung_controller, scenario_replica_kill
+from ebplus.bench.reliability.hostile import scenario_bad_telemetry, scenario_fuzz, scenario_hostile, scenario_secrets
+from ebplus.bench.reliability.overload import scenario_back_pressure, scenario_soak
+from ebplus.bench.reliability.waiting import HarnessError, wait_until
+
+__all__ = [
+    "FAULTS_CONFIG",
+    "Cluster",
+    "Deployment",
+    "HarnessError",
+    "attach_deployment",
+    "scenario_back_pressure",
+    "scenario_bad_telemetry",
+    "scenario_controller_kills",
+    "scenario_fuzz",
+    "scenario_hostile",
+    "scenario_hung_controller",
+    "scenario_replica_kill",
+    "scenario_secrets",
+    "scenario_soak",
+    "start_deployment",
+    "stop_deployment",
+    "wait_until",
+]

@@ -1,0 +1,161 @@
+"""The Ray driver of the harness: it joins the deployment's cluster to inject faults and read replica state.
+
+Every fault is real and every one goes through :class:`Cluster`: the controller
+actor is killed with ``ray.kill`` (Ray restarts it) or stopped with SIGSTOP; a
+model replica's process gets SIGKILL. The scenarios (:mod:`.faults`) only call
+these methods, so a new kind of fault is a method here plus a scenario there.
+
+NOTE: processes are signalled with ``os.kill``: every Ray node of the cluster runs
+on this machine (a multi-node cluster of several raylets on loopback qualifies).
+Node-level faults (removing a node, scaling the cluster) belong beside the
+process-level ones below, found through the same driver (``ray.nodes()``,
+``ray.util.state``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ebplus.bench.reliability.deployment import Deployment
+from ebplus.bench.reliability.waiting import HarnessError, wait_until
+
+
+class Cluster:
+    """A Ray driver attached to the deployment's cluster, for fault injection and replica introspection."""
+
+    def __init__(self, dep: Deployment) -> None:
+        self.dep = dep
+        self.namespace = dep.config.ray.namespace
+
+    def __enter__(self) -> Cluster:
+        import ray
+
+        # NOTE: a local `ray.init()` turns on Ray's token authentication and keeps the
+        # token in ~/.ray/auth_token; a driver joining by address must opt in to send it.
+        if "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").exists():
+            os.environ["RAY_AUTH_MODE"] = "token"
+            from ray._raylet import Config
+
+            Config.initialize("")  # the C++ config was read at import: read it again
+        ray.init(address=self.dep.ray_address, namespace=self.namespace, log_to_driver=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import ray
+
+        ray.shutdown()
+
+    # -- the controller ----------------------------------------------------------
+
+    def controller(self) -> Any:
+        from ebplus.controller.actor import get_controller
+
+        handle = get_controller()
+        if handle is None:
+            raise HarnessError("no controller actor")
+        return handle
+
+    def ping(self, timeout_s: float = 5.0) -> dict:
+        import ray
+
+        return ray.get(self.controller().ping.remote(), timeout=timeout_s)
+
+    def snapshot(self, timeout_s: float = 10.0) -> dict:
+        """The controller's full snapshot (per replica: last_seen, drops, engine counters...)."""
+        import ray
+
+        return ray.get(self.controller().snapshot.remote(), timeout=timeout_s)
+
+    def wait_controller(self, timeout_s: float = 60.0, pid_not: int | None = None) -> dict:
+        """The ping of a live controller (a new process when ``pid_not`` is given)."""
+
+        def alive() -> dict | None:
+            ping = self.ping(timeout_s=2.0)
+            return ping if pid_not is None or ping["pid"] != pid_not else None
+
+        return wait_until("the controller to answer", alive, timeout_s)
+
+    # -- the model replicas ------------------------------------------------------
+
+    def llm_deployment(self) -> str:
+        from ray import serve
+
+        app = serve.status().applications["ebplus"]
+        return next(name for name in app.deployments if name.startswith("EBPlusServer"))
+
+    def running_replicas(self) -> int:
+        from ray import serve
+
+        app = serve.status().applications["ebplus"]
+        return int(app.deployments[self.llm_deployment()].replica_states.get("RUNNING", 0))
+
+    def replica_actors(self) -> dict[str, str]:
+        """Serve replica id -> named actor of every model replica (starting ones included)."""
+        import ray
+
+        out = {}
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            name = actor["name"]
+            if name.startswith("SERVE_REPLICA::ebplus#EBPlusServer"):
+                out[name.rsplit("#", 1)[1]] = name
+        return out
+
+    def actor_pid(self, name: str, namespace: str = "serve") -> int:
+        import ray
+        from ray._private import state
+
+        info = state.actors(ray.get_actor(name, namespace=namespace)._actor_id.hex())
+        return int(info["Pid"])
+
+    def replica_status(self, replicas: int, timeout_s: float = 20.0) -> dict[str, dict]:
+        """``ebplus_status`` of the model replicas, by replica id (calls in pairs until each answered:
+        the router picks the replica; a handle's queue is bounded like any other)."""
+        from ray import serve
+
+        handle = serve.get_deployment_handle(self.llm_deployment(), app_name="ebplus")
+        out: dict[str, dict] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(out) < replicas and time.monotonic() < deadline:
+            for response in [handle.ebplus_status.remote() for _ in range(2)]:
+                with contextlib.suppress(Exception):
+                    status = response.result(timeout_s=max(1.0, deadline - time.monotonic()))
+                    out[status["replica_id"]] = status
+        return out
+
+    def session_logs(self) -> Path:
+        """The cluster's log directory (Ray's session dir on this machine)."""
+        import ray
+
+        return Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+
+    # -- faults (each one real) --------------------------------------------------
+
+    def kill_controller(self) -> dict:
+        """``ray.kill`` the controller with restarts allowed; returns the ping before the kill."""
+        import ray
+
+        before = self.ping()
+        ray.kill(self.controller(), no_restart=False)
+        return before
+
+    @contextlib.contextmanager
+    def controller_stopped(self) -> Iterator[int]:
+        """SIGSTOP the controller's process for the duration of the block (SIGCONT always follows)."""
+        pid = self.ping()["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield pid
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    def kill_replica(self, replica_id: str) -> int:
+        """SIGKILL a model replica's process (a crash: no shutdown hook runs); returns the pid."""
+        pid = self.actor_pid(self.replica_actors()[replica_id])
+        os.kill(pid, signal.SIGKILL)
+        return pid
