@@ -1,6 +1,7 @@
 """The Grafana dashboards: generated from code, and every name they query is exported by someone.
 
-Static checks (no server): the committed JSON is the generator's output; every metric a
+Static checks (no server): the committed JSON, the Helm chart's copy of it and the docs page
+``docs/reference/dashboards.md`` are the generator's output; every metric a
 panel or variable query selects is an ``ebplus_*`` metric of ``controller.exporter.METRICS``
 or a vLLM / Ray Serve metric of ``dashboards.external`` (whose names
 ``test_external_metrics.py`` checks against the installed vLLM and Ray); histograms are
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from ebplus.controller.exporter import SPECS
@@ -30,6 +32,36 @@ def test_committed_files_are_generated() -> None:
         [sys.executable, "-m", "ebplus.dashboards.generate", "--check"], cwd=REPO, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_check_covers_the_chart_copies_and_the_docs_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--check`` names a stale chart copy, a stale docs page and a JSON file no dashboard makes; a run fixes all."""
+    from ebplus.dashboards import generate
+
+    out_dirs = (tmp_path / "dashboards", tmp_path / "helm" / "ebplus" / "dashboards")
+    monkeypatch.setattr(generate, "ROOT", tmp_path)
+    monkeypatch.setattr(generate, "OUT_DIRS", out_dirs)
+    monkeypatch.setattr(generate, "DOCS_PAGE", tmp_path / "docs" / "reference" / "dashboards.md")
+    assert generate.main(["--check"]) == 1  # nothing written yet
+    assert generate.main([]) == 0 and generate.main(["--check"]) == 0
+    chart_copy = out_dirs[1] / "ebplus-serving.json"
+    assert chart_copy.read_bytes() == (out_dirs[0] / "ebplus-serving.json").read_bytes()
+
+    chart_copy.write_text(chart_copy.read_text().replace("EB+ serving", "EB+ servng"))
+    (out_dirs[1] / "old-dashboard.json").write_text("{}")
+    generate.DOCS_PAGE.write_text("# Grafana dashboards\n")
+    capsys.readouterr()
+    assert generate.main(["--check"]) == 1
+    stale = capsys.readouterr().err.split("stale: ", 1)[1].split(";", 1)[0].split(", ")
+    assert sorted(stale) == [
+        "docs/reference/dashboards.md",
+        "helm/ebplus/dashboards/ebplus-serving.json",
+        "helm/ebplus/dashboards/old-dashboard.json",
+    ]
+    assert generate.main([]) == 0 and generate.main(["--check"]) == 0
+    assert not (out_dirs[1] / "old-dashboard.json").exists()
 
 
 def test_two_dashboards_with_many_panels() -> None:

@@ -216,9 +216,11 @@ def test_layout_table_lists_every_module_and_only_existing_paths() -> None:
 
 
 def test_observability_section_is_the_generated_one() -> None:
-    from ebplus.dashboards.generate import README_SECTION, outputs
+    from ebplus.dashboards.generate import DOCS_PAGE, outputs
 
-    generated = outputs()[README_SECTION]
+    # The generated docs page is this section one heading level up, under its own title.
+    body = outputs()[DOCS_PAGE].split("\n", 1)[1]
+    generated = "## Observability\n" + re.sub(r"(?m)^(#+) ", r"#\1 ", body)
     if generated in README:
         return
     diff = difflib.unified_diff(
@@ -226,7 +228,7 @@ def test_observability_section_is_the_generated_one() -> None:
     )
     raise AssertionError(
         "README's Observability section is not the generated one (`python -m ebplus.dashboards.generate`, then copy "
-        "dashboards/README-section.md into README):\n" + "\n".join(list(diff)[:20])
+        "docs/reference/dashboards.md into README):\n" + "\n".join(list(diff)[:20])
     )
 
 

@@ -1,0 +1,166 @@
+"""The "EB+ serving" dashboard: traffic, latency and engine state of the vLLM replicas, with EB+'s step times."""
+
+from __future__ import annotations
+
+from ebplus.dashboards.grafana import RATE, Dashboard, Panel, Row, Target, datasource_var, metric, quantile, query_var
+
+
+def dashboard() -> Dashboard:
+    """Traffic, latency and engine state from vLLM's and Ray Serve's metrics, plus EB+'s step timings."""
+    vllm = "{{model_name}}"
+    return Dashboard(
+        uid="ebplus-serving",
+        title="EB+ serving",
+        description="Traffic, latency and engine state of the vLLM replicas (vLLM and Ray Serve metrics), "
+        "with EB+'s step times.",
+        file="ebplus-serving.json",
+        variables=[
+            datasource_var(),
+            query_var("model", "Model", "label_values(ray_vllm_num_requests_running, model_name)"),
+            query_var(
+                "vllm_replica",
+                "Serve replica",
+                'label_values(ray_vllm_num_requests_running{model_name=~"$model"}, ReplicaId)',
+            ),
+            query_var("replica", "EB+ replica", 'label_values(ebplus_step_seconds_count{model=~"$model"}, replica)'),
+        ],
+        rows=[
+            Row(
+                "Traffic",
+                [
+                    Panel(
+                        "Request throughput",
+                        "Requests finished per second by the engines, by finish reason (stop, length, abort).",
+                        [
+                            Target(
+                                f"sum by (finished_reason) (rate({metric('ray_vllm_request_success_total')}[{RATE}]))",
+                                "{{finished_reason}}",
+                            )
+                        ],
+                        unit="reqps",
+                    ),
+                    Panel(
+                        "Token throughput",
+                        "Prompt (prefill) and generated (decode) tokens per second, summed over replicas.",
+                        [
+                            Target(f"sum(rate({metric('ray_vllm_prompt_tokens_total')}[{RATE}]))", "prompt"),
+                            Target(f"sum(rate({metric('ray_vllm_generation_tokens_total')}[{RATE}]))", "generated"),
+                        ],
+                        unit="short",
+                    ),
+                    Panel(
+                        "HTTP requests by status",
+                        "Requests per second through the Serve HTTP proxies (OpenAI API, /admin, /metrics, /health), "
+                        "by status code. 503 with Retry-After is the back-pressure answer when queues are full.",
+                        [
+                            Target(
+                                f"sum by (status_code) (rate({metric('ray_serve_num_http_requests_total')}[{RATE}]))",
+                                "{{status_code}}",
+                            )
+                        ],
+                        unit="reqps",
+                    ),
+                    Panel(
+                        "HTTP latency at the proxy",
+                        "End-to-end latency of HTTP requests at the Serve proxy, p50 and p99 (ms).",
+                        [
+                            Target(quantile(0.5, "ray_serve_http_request_latency_ms"), "p50"),
+                            Target(quantile(0.99, "ray_serve_http_request_latency_ms"), "p99"),
+                        ],
+                        unit="ms",
+                    ),
+                ],
+            ),
+            Row(
+                "Latency",
+                [
+                    Panel(
+                        "Time to first token (TTFT)",
+                        "From arrival to the first generated token, p50 and p99 per model.",
+                        [
+                            Target(quantile(0.5, "ray_vllm_time_to_first_token_seconds", "model_name"), f"p50 {vllm}"),
+                            Target(quantile(0.99, "ray_vllm_time_to_first_token_seconds", "model_name"), f"p99 {vllm}"),
+                        ],
+                        unit="s",
+                    ),
+                    Panel(
+                        "Time per output token (TPOT) and inter-token latency (ITL)",
+                        "TPOT: a request's decode time divided by its output tokens; ITL: the gap between consecutive "
+                        "tokens. p50 and p99.",
+                        [
+                            Target(quantile(0.5, "ray_vllm_request_time_per_output_token_seconds"), "TPOT p50"),
+                            Target(quantile(0.99, "ray_vllm_request_time_per_output_token_seconds"), "TPOT p99"),
+                            Target(quantile(0.5, "ray_vllm_inter_token_latency_seconds"), "ITL p50"),
+                            Target(quantile(0.99, "ray_vllm_inter_token_latency_seconds"), "ITL p99"),
+                        ],
+                        unit="s",
+                    ),
+                    Panel(
+                        "End-to-end request latency",
+                        "From arrival to the last token in the engine, p50 and p99.",
+                        [
+                            Target(quantile(0.5, "ray_vllm_e2e_request_latency_seconds"), "p50"),
+                            Target(quantile(0.99, "ray_vllm_e2e_request_latency_seconds"), "p99"),
+                        ],
+                        unit="s",
+                    ),
+                ],
+            ),
+            Row(
+                "Engine state",
+                [
+                    Panel(
+                        "Running and waiting requests",
+                        "Requests in the running batch and in the waiting queue, per Serve replica. EB+ caps running "
+                        "at N.",
+                        [
+                            Target(
+                                f"sum by (ReplicaId) ({metric('ray_vllm_num_requests_running')})",
+                                "running {{ReplicaId}}",
+                            ),
+                            Target(
+                                f"sum by (ReplicaId) ({metric('ray_vllm_num_requests_waiting')})",
+                                "waiting {{ReplicaId}}",
+                            ),
+                        ],
+                    ),
+                    Panel(
+                        "KV cache usage",
+                        "Fraction of the KV cache blocks in use, per Serve replica.",
+                        [Target(f"max by (ReplicaId) ({metric('ray_vllm_kv_cache_usage_perc')})", "{{ReplicaId}}")],
+                        unit="percentunit",
+                    ),
+                    Panel(
+                        "Preemptions",
+                        "Requests preempted for KV space per second (recomputed later), per Serve replica. EB+ aims "
+                        "for none while N ≤ N*. vLLM exports its counter only after the first preemption, so "
+                        "until then the panel shows 0.",
+                        [
+                            Target(
+                                f"sum by (ReplicaId) (rate({metric('ray_vllm_num_preemptions_total')}[{RATE}]))"
+                                " or on() vector(0)",
+                                "{{ReplicaId}}",
+                            )
+                        ],
+                        unit="ops",
+                    ),
+                    Panel(
+                        "Step time by kind",
+                        "Engine step time of prefill-only, decode-only and mixed steps, p50 and p99 (EB+ telemetry).",
+                        [
+                            Target(quantile(0.5, "ebplus_step_seconds", "kind"), "p50 {{kind}}"),
+                            Target(quantile(0.99, "ebplus_step_seconds", "kind"), "p99 {{kind}}"),
+                        ],
+                        unit="s",
+                    ),
+                    Panel(
+                        "Engine steps by phase",
+                        "Engine steps per second by phase (prefill, decode, mixed, idle), summed over replicas.",
+                        [Target(f"sum by (phase) (rate({metric('ebplus_steps_total')}[{RATE}]))", "{{phase}}")],
+                        unit="ops",
+                    ),
+                ],
+            ),
+        ],
+    )
+
