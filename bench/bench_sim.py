@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
 from ebplus.bench.sim import Policy, SimConfig, SimResult, simulate
 from ebplus.bench.workloads import build_requests, load_source
 from ebplus.controller import theory

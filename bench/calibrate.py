@@ -43,10 +43,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import minimize
+
 from ebplus.bench.sim import Policy, SimConfig, simulate
 from ebplus.bench.workloads import build_requests, load_source
 from ebplus.controller.cost_model import PROFILE_DIR, HardwareProfile, dump_profile
-from scipy.optimize import minimize
 
 GIB = 2**30
 # Qwen3-8B: 36 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes; 8.19e9 parameters in bf16

@@ -20,13 +20,22 @@ import statistics
 import time
 
 import numpy as np
+
 from ebplus.bench import distributions as dist
+from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import WorkloadEstimator
-from ebplus.controller.fleet import ControllerConfig, FleetController
-from ebplus.controller.planner import PlannerConfig, ThresholdPlanner
-from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from ebplus.replicas.phases import Mode
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.messages import (
+    CompletionRecord,
+    EngineFacts,
+    FinishReason,
+    Mode,
+    Registration,
+    StepRecord,
+    TelemetryBatch,
+)
+from ebplus.controller.planner import ThresholdPlanner
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
@@ -64,7 +73,8 @@ def bench_update(repeats: int, seed: int = 0) -> dict[str, float]:
 def _fleet(replicas: int) -> FleetController:
     fc = FleetController(ControllerConfig())
     for r in range(replicas):
-        fc.register(f"replica-{r}", Mode.AUTO, 2_000_000, 1024, H200)
+        facts = EngineFacts(kv_capacity_tokens=2_000_000, max_num_seqs=1024, device="H200")
+        fc.register(Registration(replica_id=f"replica-{r}", mode=Mode.AUTO, facts=facts, prior=H200))
     return fc
 
 
@@ -88,11 +98,9 @@ def _batches(replicas: int, pushes: int, per_batch: int, seed: int) -> list[Tele
     batches = []
     for i in range(pushes):
         sl = slice(i * per_batch, (i + 1) * per_batch)
-        comps = tuple(
-            CompletionRecord(int(a), int(b), FinishReason.STOP) for a, b in zip(ins[sl], outs[sl], strict=True)
-        )
-        steps = tuple(_step(rng, j) for j in range(per_batch))
-        batches.append(TelemetryBatch(f"replica-{i % replicas}", comps, steps))
+        comps = [CompletionRecord(int(a), int(b), FinishReason.STOP) for a, b in zip(ins[sl], outs[sl], strict=True)]
+        steps = [_step(rng, j) for j in range(per_batch)]
+        batches.append(TelemetryBatch(replica_id=f"replica-{i % replicas}", completions=comps, steps=steps))
     return batches
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+
 from ebplus.bench.prompts import chat_requests
 from ebplus.bench.reliability import start_deployment, stop_deployment
 from ebplus.deploy.app import model_path
@@ -125,7 +126,10 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
         "tpot_p50_ms": result["p50_tpot_ms"],
         "tpot_p99_ms": result["p99_tpot_ms"],
         "final": {key: replica.get(key) for key in ("mode", "active", "k", "n", "version")},
-        "estimate": {key: estimates["fleet"].get(key) for key in ("p0", "eta", "mu_o", "mu_l", "n_samples", "updates")},
+        "estimate": {
+            **{key: (estimates["fleet"]["estimate"] or {}).get(key) for key in ("p0", "eta", "mu_o", "mu_l", "n_samples")},
+            "updates": estimates["fleet"]["updates"],
+        },
     }
 
 

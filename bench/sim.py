@@ -1,11 +1,12 @@
 """A step-level simulator of one LLM engine replica, driving the deployed policy code.
 
-Every step the simulator asks the real phase machine (:mod:`replicas.phases`)
+Every step the simulator asks the real phase machine (:mod:`ebplus.replicas.phases`)
 what to run, schedules it the way vLLM v1 does, charges it with the real cost
-model (:meth:`controller.cost_model.CostModel.step_seconds`), and, for the online
+model (:meth:`ebplus.controller.cost_model.CostModel.step_seconds`), and, for the online
 policies, pushes telemetry to the real control loop
-(:class:`controller.fleet.FleetController`) and applies the
-:class:`~replicas.phases.ThresholdUpdate` it answers. Nothing of the policy is
+(:class:`ebplus.controller.fleet.FleetController`, through the replicas' own
+:class:`~ebplus.replicas.pump.TelemetryPump`) and applies the
+:class:`~ebplus.controller.messages.ThresholdUpdate` it answers. Nothing of the policy is
 re-implemented here, so a number measured in simulation is a number about the
 code that serves traffic.
 
@@ -28,15 +29,29 @@ Engine model (vLLM v1 semantics, token-granular KV):
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
+
+from ebplus.bench.sim_result import SimResult, StepLog
 from ebplus.bench.workloads import Requests
+from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_model import HardwareProfile
-from ebplus.controller.fleet import ControllerConfig, FleetController
-from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from ebplus.replicas.phases import EngineView, Mode, Phase, PhaseMachine, StepPlan, ThresholdUpdate
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.messages import (
+    CompletionRecord,
+    DrainReport,
+    EngineFacts,
+    EngineStats,
+    FinishReason,
+    Mode,
+    StepKind,
+    StepRecord,
+    ThresholdUpdate,
+)
+from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
+from ebplus.replicas.pump import LocalController, TelemetryPump, run
 
 REPLICA_ID = "sim-0"
 
@@ -95,115 +110,6 @@ class SimConfig:
     @property
     def online(self) -> bool:
         return self.policy is Policy.EBPLUS or (self.policy is Policy.EB and self.k is None)
-
-
-@dataclass
-class StepLog:
-    """Per-step record kept when ``SimConfig.record_steps`` is set (plain lists, one entry per step)."""
-
-    t_end: list[float] = field(default_factory=list)
-    phase: list[str] = field(default_factory=list)
-    prefill_tokens: list[int] = field(default_factory=list)
-    decode_tokens: list[int] = field(default_factory=list)
-    admitted: list[int] = field(default_factory=list)
-    running: list[int] = field(default_factory=list)  # after the step
-    waiting: list[int] = field(default_factory=list)  # after the step
-    kv_used: list[int] = field(default_factory=list)  # after the step
-    n_cap: list[int] = field(default_factory=list)  # thresholds.n during the step
-    k: list[int] = field(default_factory=list)  # effective k during the step
-    active: list[str] = field(default_factory=list)  # "mb" or "eb"
-
-
-@dataclass
-class SimResult:
-    """What one run measured. ``as_json`` has the documented keys of ``ebplus simulate --json``."""
-
-    policy: str
-    requests: int
-    sim_seconds: float
-    req_per_s: float
-    tok_per_s: float
-    out_tok_per_s: float
-    ttft_p50_s: float
-    ttft_p99_s: float
-    tpot_p50_s: float
-    tpot_p99_s: float
-    preemptions: int
-    mode_switches: int
-    k_final: int | None
-    n_final: int
-    steps: dict[str, int]
-    prefill_tokens: int  # computed in prefill steps, recompute included
-    decode_tokens: int
-    recompute_tokens: int  # KV discarded by preemption and computed again
-    max_kv_tokens: int
-    max_running: int
-    finish_s: np.ndarray  # per request, issue order
-    arrival_s: np.ndarray
-    first_token_s: np.ndarray
-    input_len: np.ndarray
-    output_len: np.ndarray
-    phase_bounds: list[tuple[int, int, str, float]]  # (start, stop, label, start time)
-    timeline: list[tuple[float, int, int, str]]  # (t, k, n, active) at each applied update
-    controller: FleetController | None = None
-    step_log: StepLog | None = None
-
-    JSON_KEYS = (
-        "policy",
-        "requests",
-        "sim_seconds",
-        "req_per_s",
-        "tok_per_s",
-        "out_tok_per_s",
-        "ttft_p50_s",
-        "ttft_p99_s",
-        "tpot_p50_s",
-        "tpot_p99_s",
-        "preemptions",
-        "mode_switches",
-        "k_final",
-        "n_final",
-    )
-
-    def as_json(self) -> dict:
-        return {key: getattr(self, key) for key in self.JSON_KEYS}
-
-    def phase_tok_per_s(self) -> list[float]:
-        """Total tokens/s of each phase: its tokens over the time from its start to its last completion."""
-        out = []
-        for start, stop, _, t0 in self.phase_bounds:
-            tokens = int(self.input_len[start:stop].sum() + self.output_len[start:stop].sum())
-            span = float(self.finish_s[start:stop].max()) - t0
-            out.append(tokens / span if span > 0 else float("nan"))
-        return out
-
-    def _steady_rate(self, weights: np.ndarray, lo: float, hi: float) -> float:
-        """Rate of ``weights`` (per request) over the window between the ``lo`` and ``hi`` completion quantiles.
-
-        Each request is credited pro rata over its life in the engine (first token
-        to finish), not at the instant it completes: under EB with a large k whole
-        cohorts complete together, and a window edge that falls just before or
-        after a burst would swing a completion count by a cohort.
-        """
-        f = np.sort(self.finish_s)
-        a, b = float(f[int(lo * (f.size - 1))]), float(f[int(hi * (f.size - 1))])
-        start, end = self.first_token_s, self.finish_s
-        life = end - start
-        overlap = np.clip(np.minimum(end, b) - np.maximum(start, a), 0.0, None)
-        share = np.where(life > 0, overlap / np.where(life > 0, life, 1.0), ((end > a) & (end <= b)).astype(float))
-        return float((weights * share).sum()) / (b - a)
-
-    def steady_req_per_s(self, lo: float = 0.2, hi: float = 0.8) -> float:
-        """Requests/s in steady state: between the ``lo`` and ``hi`` quantiles of finish times.
-
-        A saturated run starts with every slot empty and ends draining the last
-        requests; neither is the steady state the closed forms describe.
-        """
-        return self._steady_rate(np.ones(self.finish_s.size), lo, hi)
-
-    def steady_tok_per_s(self, lo: float = 0.2, hi: float = 0.8) -> float:
-        """Total (input + output) tokens/s in steady state, as :meth:`steady_req_per_s`."""
-        return self._steady_rate((self.input_len + self.output_len).astype(float), lo, hi)
 
 
 class _Arrivals:
@@ -309,7 +215,7 @@ class Simulator:
         self.decode_tokens = 0
         self.max_kv = 0
         self.max_running = 0
-        self.steps = dict.fromkeys((p.value for p in Phase), 0)
+        self.steps = dict.fromkeys((k.value for k in StepKind), 0)
         self.mode_switches = 0
         self.log = StepLog() if config.record_steps else None
         # policy
@@ -318,45 +224,60 @@ class Simulator:
         self._done_buf: list[CompletionRecord] = []
         self._per_step: np.ndarray | None = None
         self._kv_read = 0
-        self.machine = PhaseMachine(self._initial_thresholds())
         self.timeline: list[tuple[float, int, int, str]] = []
+        self.facts = EngineFacts(kv_capacity_tokens=self.cap, max_num_seqs=config.n, device=profile.name)
+        self.machine = PhaseMachine(self._initial_thresholds())
         self._note_thresholds()
+        self._pump: TelemetryPump | None = None
+        if config.online:
+            self.controller = FleetController(config.controller or ControllerConfig(), clock=lambda: self.now)
+            mode = Mode.AUTO if config.policy is Policy.EBPLUS else Mode.EB
+            self._pump = TelemetryPump(REPLICA_ID, mode, prior=lambda _: self.cost, capacity=1 << 30, clock=lambda: self.now)
+            self._cycle()  # register: the controller's cold thresholds apply from the first step
 
     # -- policy ---------------------------------------------------------------
 
     def _initial_thresholds(self) -> ThresholdUpdate:
         cfg = self.cfg
-        if not cfg.online:
-            mode = {Policy.MB: Mode.MB, Policy.EB: Mode.EB, Policy.V0: Mode.V0}[cfg.policy]
-            return ThresholdUpdate(mode=mode, k=cfg.k or 1, n=cfg.n)
-        self.controller = FleetController(cfg.controller or ControllerConfig(), clock=lambda: self.now)
-        mode = Mode.AUTO if cfg.policy is Policy.EBPLUS else Mode.EB
-        return self.controller.register(REPLICA_ID, mode, self.cap, cfg.n, self.cost)
+        if cfg.online:  # until the controller answers (at construction): the configured mode's start
+            return ThresholdUpdate(mode=Mode.AUTO if cfg.policy is Policy.EBPLUS else Mode.EB, k=1, n=cfg.n)
+        mode = {Policy.MB: Mode.MB, Policy.EB: Mode.EB, Policy.V0: Mode.V0}[cfg.policy]
+        return ThresholdUpdate(mode=mode, k=cfg.k or 1, n=cfg.n)
 
     def _note_thresholds(self) -> None:
         th = self.machine.thresholds
         self.timeline.append((self.now, th.effective_k, th.n, th.active.value))
 
-    def _push_telemetry(self) -> None:
-        if self.controller is None or not (self._step_buf or self._done_buf):
-            return
-        batch = TelemetryBatch(
-            replica_id=REPLICA_ID,
-            completions=tuple(self._done_buf),
-            steps=tuple(self._step_buf),
-            applied_version=self.machine.thresholds.version,
-            sent_at=self.now,
-            extra={"engine_stats": {"preemptions": self.preemptions}},
+    # the engine side of the control loop (TelemetryPump's SyncEngine)
+
+    def drain(self) -> DrainReport:
+        report = DrainReport(
+            completions=self._done_buf,
+            steps=self._step_buf,
+            running_total=self.m,
+            waiting_total=len(self.waiting),
+            stats=EngineStats(preemptions=self.preemptions),
+            facts=self.facts,
+            applied=self.machine.thresholds,
         )
-        self._step_buf.clear()
-        self._done_buf.clear()
-        update = self.controller.ingest(batch)
-        if update is None or update == self.machine.thresholds:
-            return
-        if update.active is not self.machine.thresholds.active:
-            self.mode_switches += 1
-        self.machine.apply(update)
-        self._note_thresholds()
+        self._step_buf, self._done_buf = [], []
+        return report
+
+    def apply(self, update: ThresholdUpdate) -> ThresholdUpdate:
+        if update != self.machine.thresholds:
+            if update.active is not self.machine.thresholds.active:
+                self.mode_switches += 1
+            self.machine.apply(update)
+            self._note_thresholds()
+        return update
+
+    def _cycle(self) -> None:
+        assert self._pump is not None and self.controller is not None
+        run(self._pump.cycle(), self, LocalController(self.controller))
+
+    def _push_telemetry(self) -> None:
+        if self._pump is not None and (self._step_buf or self._done_buf):
+            self._cycle()
 
     # -- engine ---------------------------------------------------------------
 
@@ -494,13 +415,16 @@ class Simulator:
         if self.controller is not None:
             capped = self.reqs.capped
             for r in rids.tolist():
+                out = int(self.out[r])
                 finish = FinishReason.LENGTH if capped[r] else FinishReason.STOP
-                self._done_buf.append(CompletionRecord(int(self.inp[r]), int(self.out[r]), finish))
+                self._done_buf.append(
+                    CompletionRecord(int(self.inp[r]), out, finish, seq=r, max_tokens=out if capped[r] else 0)
+                )
         return int(slots.size)
 
     def _jump_length(self, plan: StepPlan, n_dec: int, dec: np.ndarray | None, chunks: list, steps_to_push: int) -> int:
         """How many identical decode-only steps can run before anything the policy sees changes."""
-        if not self.cfg.jump or plan.phase is not Phase.DECODE or chunks or dec is not None or n_dec != self.m:
+        if not self.cfg.jump or plan.phase is not StepKind.DECODE or chunks or dec is not None or n_dec != self.m:
             return 1
         d = int(self.left[: self.m].min())  # the step that finishes someone is the last one
         d = min(d, (self.cap - self.used) // max(n_dec, 1), steps_to_push)
@@ -551,7 +475,7 @@ class Simulator:
         return self._result()
 
     def _record_steps(self, view: EngineView, n_pre: int, n_dec: int, admitted: int, repeat: int, t0: float) -> None:
-        phase = Phase.MIXED.value if n_pre and n_dec else Phase.PREFILL.value if n_pre else Phase.DECODE.value
+        phase = StepKind.of(n_pre, n_dec).value
         self.steps[phase] += repeat
         self.max_kv = max(self.max_kv, self.used)
         self.max_running = max(self.max_running, self.m)
@@ -559,7 +483,7 @@ class Simulator:
         if self.controller is not None:
             waiting, kv = view.waiting, self._kv_read
             for s in per_step:  # in a run of decode steps each reads n_dec more KV than the last
-                self._step_buf.append(StepRecord(n_pre, n_dec, view.running, waiting, float(s), phase, kv))
+                self._step_buf.append(StepRecord(n_pre, n_dec, view.running, waiting, float(s), kv))
                 kv += n_dec
         if self.log is not None:
             th = self.machine.thresholds

@@ -26,9 +26,10 @@ from typing import Literal
 
 import numpy as np
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from ebplus.bench import distributions as dist
 from ebplus.controller.cost_model import validation_message
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 WORKLOAD_DIR = Path(__file__).with_name("workloads")
 DEFAULT_REQUESTS = 2000

@@ -1,15 +1,21 @@
-"""The controller as a Ray actor: one named, restartable actor per deployment.
+"""The controller as a service: one per deployment, a named Ray actor or in-process.
 
-``ebplus-controller`` in the Ray namespace ``ebplus`` wraps the pure
-:class:`~controller.fleet.FleetController`. Replicas push telemetry with
-``ingest`` and get their thresholds back in the reply; the ingress reads
-``snapshot``/``history`` for ``/admin`` and ``/metrics`` and forwards operator
-overrides. The actor persists its state (Ray's internal KV store, or a file in
-``state_dir``) so that a restart (``max_restarts``) resumes without a cold start.
+:class:`ControllerActor` wraps the pure :class:`~ebplus.controller.fleet.FleetController`
+with persistence and housekeeping. Under Ray Serve it runs as the detached,
+restartable actor ``ebplus-controller`` (namespace ``ebplus``; :func:`start_controller`);
+under plain ``vllm serve`` the plugin runs it in the API server's event loop.
+Either way callers reach it through :class:`~ebplus.controller.client.ControllerClient`.
 
-Every method returns plain data (dicts), never raises to the caller for bad
-input: errors come back as ``{"error": field, "message": ...}`` so the ingress
-can answer 422 without unpacking Ray exceptions.
+Its methods speak wire formats only - replica messages as msgpack bytes
+(:mod:`ebplus.controller.messages`), views as JSON (:mod:`ebplus.controller.views`) -
+so an ingress, a replica and a controller of different code versions (a rolling
+update) still understand each other, and nothing a caller sends can make a method
+raise: a bad batch is counted and answered, a bad override is answered with the
+field at fault.
+
+The state (:mod:`ebplus.controller.persistence`) is kept in Ray's internal KV store,
+or a file in ``state_dir``, so a restart (``max_restarts``) resumes without a cold
+start.
 """
 
 from __future__ import annotations
@@ -23,9 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ebplus.controller.cost_model import CostModel
-from ebplus.controller.fleet import ControllerConfig, FleetController, OverrideError
-from ebplus.controller.telemetry import TelemetryBatch
+from ebplus.controller import persistence
+from ebplus.controller.client import ControllerUnavailable
+from ebplus.controller.config import ControllerConfig
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.messages import Registration, WireError, decode, encode
+from ebplus.controller.overrides import OverrideError
+from ebplus.controller.telemetry import decode_batch
+from ebplus.controller.views import ClearResult, ControllerInfo, OverrideResult, Ping, RecomputeResult
 
 ACTOR_NAME = "ebplus-controller"
 NAMESPACE = "ebplus"
@@ -35,13 +46,23 @@ logger = logging.getLogger("ebplus.controller")
 
 
 class StateStore:
-    """Where the controller's snapshot lives: a file in ``state_dir``, else Ray's internal KV."""
+    """Where the controller's snapshot lives: a file in ``state_dir``, else Ray's internal KV.
+
+    Outside a Ray cluster with no ``state_dir`` (a controller run in-process) there is
+    nowhere to keep it: the state lives in memory only, and that is logged once.
+    """
 
     def __init__(self, state_dir: str | None, key: bytes = STATE_KEY) -> None:
         self.path = None if state_dir is None else Path(state_dir) / "controller-state.json"
         self.key = key
+        self.memory_only = self.path is None and not _ray_connected()
+        if self.memory_only:
+            logger.warning("no controller.state_dir and no Ray cluster: the controller's state is not persisted")
 
     def load(self) -> dict | None:
+        """The stored state as decoded JSON, ``None`` if there is none (or it is unreadable: logged)."""
+        if self.memory_only:
+            return None
         try:
             if self.path is not None:
                 return json.loads(self.path.read_text()) if self.path.exists() else None
@@ -53,8 +74,10 @@ class StateStore:
             logger.warning("ignoring unreadable controller state: %s", exc)
             return None
 
-    def save(self, state: dict) -> None:
-        data = json.dumps(state, separators=(",", ":"))
+    def save(self, state: persistence.ControllerState) -> None:
+        if self.memory_only:
+            return
+        data = state.model_dump_json()
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # write-then-rename: a crash mid-write never leaves a torn file
@@ -68,6 +91,8 @@ class StateStore:
         _internal_kv_put(self.key, data.encode(), overwrite=True)
 
     def clear(self) -> None:
+        if self.memory_only:
+            return
         if self.path is not None:
             self.path.unlink(missing_ok=True)
             return
@@ -76,41 +101,38 @@ class StateStore:
         _internal_kv_del(self.key)
 
 
+def _ray_connected() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized()
+
+
 class ControllerActor:
-    """Ray actor body (decorated by :func:`start_controller`).
+    """The controller service (a Ray actor body, or used in-process).
 
     Args:
-        config: the ``controller:`` section of the deployment config, as a dict.
-        state_dir: see :class:`StateStore`.
-        stale_replica_s: replicas silent this long are forgotten.
-        persist_every_s: minimum interval between snapshots.
-        housekeeping: run the background persist/forget loop (off when driven in-process by tests).
+        config: the ``controller:`` section of the deployment config.
+        housekeeping: run the background persist/forget loop (off when driven by tests).
     """
 
-    def __init__(
-        self,
-        config: dict | None = None,
-        state_dir: str | None = None,
-        stale_replica_s: float = 60.0,
-        persist_every_s: float = 2.0,
-        housekeeping: bool = True,
-    ) -> None:
-        self.fleet = FleetController(ControllerConfig.model_validate(config or {}))
+    def __init__(self, config: ControllerConfig | None = None, housekeeping: bool = True) -> None:
+        self.config = config or ControllerConfig()
+        self.fleet = FleetController(self.config)
         self.housekeeping = housekeeping
-        self.store = StateStore(state_dir)
-        self.stale_replica_s = stale_replica_s
-        self.persist_every_s = persist_every_s
+        self.store = StateStore(self.config.state_dir)
         self.started_at = time.time()
         self.restored = False
         saved = self.store.load()
         if saved is not None:
             try:
-                self.fleet.restore(saved)
+                self.fleet.restore(persistence.parse(saved))
                 self.restored = True
                 logger.info("controller resumed at version %d", self.fleet.version)
-            except (KeyError, TypeError, ValueError) as exc:
+            except persistence.StateError as exc:
                 logger.warning("controller state not restorable, starting cold: %s", exc)
-                self.fleet = FleetController(self.fleet.config)
+                self.fleet = FleetController(self.config)
         self._dirty = False
         self._persisted_version = self.fleet.version
         self._housekeeping: asyncio.Task | None = None
@@ -121,18 +143,19 @@ class ControllerActor:
             self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
 
     async def _housekeep(self) -> None:
+        every = self.config.persist_every_s
         last = time.monotonic()
         while True:
-            await asyncio.sleep(self.persist_every_s)
+            await asyncio.sleep(every)
             now = time.monotonic()
-            late, last = now - last - self.persist_every_s, now
+            late, last = now - last - every, now
             try:
                 if late > 1.0:
                     # We were not running (process stopped, machine starved): the replicas'
                     # pushes queued up unanswered, so that silence is ours, not theirs.
                     logger.warning("controller was paused for %.1f s; replicas are not blamed for it", late)
                     self.fleet.grace(late)
-                for rid in self.fleet.forget_stale(self.stale_replica_s):
+                for rid in self.fleet.forget_stale(self.config.stale_replica_s):
                     logger.info("forgot silent replica %s", rid)
                     self._dirty = True
                 self.persist()
@@ -145,61 +168,66 @@ class ControllerActor:
             self._persisted_version = self.fleet.version
             self._dirty = False
 
-    # -- replica-facing ----------------------------------------------------
+    def _persist_new_version(self) -> None:
+        """A new decision is persisted before any replica hears of it: a restart then never
+        re-issues a published version number with different thresholds."""
+        if self.fleet.version != self._persisted_version:
+            try:
+                self.persist()
+            except Exception:  # the store is down: serve on, the housekeeping loop retries
+                logger.exception("could not persist the controller state")
 
-    async def register(
-        self,
-        replica_id: str,
-        mode: str,
-        kv_capacity_tokens: int,
-        max_num_seqs: int,
-        prior: dict,
-        device: str = "",
-    ) -> dict:
-        """Add a replica; returns the thresholds it should apply (``ThresholdUpdate.as_dict``)."""
+    # -- replica-facing (msgpack bytes) -------------------------------------
+
+    async def register(self, payload: bytes) -> bytes | None:
+        """Add a replica (a :class:`Registration`); returns its thresholds, ``None`` if unreadable."""
         self._ensure_housekeeping()
-        update = self.fleet.register(
-            replica_id, mode, int(kv_capacity_tokens), int(max_num_seqs), CostModel.model_validate(prior), device
-        )
+        try:
+            update = self.fleet.register(decode(payload, Registration))
+        except (WireError, ValueError) as exc:
+            logger.warning("refused a replica registration: %s", exc)
+            self.fleet.rejected[getattr(exc, "reason", "bad_batch")] += 1
+            return None
         self._dirty = True
-        return update.as_dict()
+        self._persist_new_version()
+        return encode(update)
 
-    async def ingest(self, batch: TelemetryBatch) -> dict | None:
-        """Absorb a telemetry batch; returns the sender's thresholds, or ``None`` if unknown.
+    async def ingest(self, payload: bytes) -> bytes | None:
+        """Absorb a :class:`TelemetryBatch`; returns the sender's thresholds, ``None`` if it is unknown.
 
         Never raises: a replica keeps a batch whose push failed and sends it again,
         so a batch that made ``ingest`` raise would block that replica's telemetry
         for good. Such a batch is counted (``bad_batch``) and dropped.
         """
         self._ensure_housekeeping()
+        rid = None
         try:
+            batch = decode_batch(payload, self.fleet.rejected)
+            rid = batch.replica_id
             update = self.fleet.ingest(batch)
+        except WireError as exc:
+            self.fleet.received["batches"] += 1
+            self.fleet.rejected[exc.reason] += 1
+            return None
         except Exception:
             logger.exception("rejected a telemetry batch that could not be ingested")
             self.fleet.rejected["bad_batch"] += 1
-            rid = getattr(batch, "replica_id", None)
             update = self.fleet.thresholds(rid) if isinstance(rid, str) else None
         self._dirty = True
-        if self.fleet.version != self._persisted_version:
-            # A new decision is persisted before any replica hears of it: a restart then
-            # never re-issues a published version number with different thresholds.
-            # (One snapshot per re-estimation, every update_every completions: cheap.)
-            try:
-                self.persist()
-            except Exception:  # the store is down: serve on, the housekeeping loop retries
-                logger.exception("could not persist the controller state")
-        return None if update is None else update.as_dict()
+        self._persist_new_version()
+        return None if update is None else encode(update)
 
-    # -- operator-facing ---------------------------------------------------
+    # -- operator-facing (JSON) ------------------------------------------------
 
-    async def snapshot(self) -> dict:
+    async def snapshot(self) -> str:
         self._ensure_housekeeping()
         snap = self.fleet.snapshot()
-        snap["controller"] = {"started_at": self.started_at, "restored": self.restored}
-        return snap
+        info = ControllerInfo(started_at=self.started_at, restored=self.restored)
+        return snap.model_copy(update={"controller": info}).model_dump_json()
 
-    async def history(self, limit: int | None = None) -> list[dict]:
-        return self.fleet.history_view(limit)
+    async def history(self, limit: int | None = None) -> str:
+        decisions = self.fleet.history_view(limit)
+        return "[" + ",".join(d.model_dump_json() for d in decisions) + "]"
 
     async def set_override(
         self,
@@ -209,34 +237,29 @@ class ControllerActor:
         n: int | None = None,
         ttl_s: float | None = None,
         force: bool = False,
-    ) -> dict[str, Any]:
+    ) -> str:
         try:
             version = self.fleet.set_override(replica, mode=mode, k=k, n=n, ttl_s=ttl_s, force=force)
         except OverrideError as exc:
-            return {"error": exc.field, "message": exc.message}
+            return OverrideResult(error=exc.field, message=exc.message).model_dump_json()
         self.persist(force=True)
-        return {"version": version, "override": self.fleet.overrides[replica].as_dict()}
+        return OverrideResult(version=version, override=self.fleet.overrides.items[replica]).model_dump_json()
 
-    async def clear_override(self, replica: str) -> dict[str, Any]:
+    async def clear_override(self, replica: str) -> str:
         removed = self.fleet.clear_override(replica)
         if removed:
             self.persist(force=True)
-        return {"removed": removed, "version": self.fleet.version}
+        return ClearResult(removed=removed, version=self.fleet.version).model_dump_json()
 
-    async def recompute(self) -> dict[str, Any]:
+    async def recompute(self) -> str:
         version = self.fleet.recompute("operator")
         self.persist(force=True)
-        return {"version": version, "estimate": self.fleet.snapshot()["estimate"]}
+        return RecomputeResult(version=version, estimate=self.fleet.workload.estimate).model_dump_json()
 
-    async def ping(self) -> dict[str, Any]:
-        """Liveness: version, known replicas, whether state was resumed, and the actor's pid
-        (fault-injection tests stop and continue that process)."""
-        return {
-            "version": self.fleet.version,
-            "replicas": len(self.fleet.replicas),
-            "restored": self.restored,
-            "pid": os.getpid(),
-        }
+    async def ping(self) -> str:
+        return Ping(
+            version=self.fleet.version, replicas=len(self.fleet.replicas), restored=self.restored, pid=os.getpid()
+        ).model_dump_json()
 
 
 def controller_options(max_restarts: int = -1) -> dict[str, Any]:
@@ -253,20 +276,12 @@ def controller_options(max_restarts: int = -1) -> dict[str, Any]:
     }
 
 
-def start_controller(
-    config: dict | None = None,
-    state_dir: str | None = None,
-    stale_replica_s: float = 60.0,
-    persist_every_s: float = 2.0,
-    max_restarts: int = -1,
-):
+def start_controller(config: ControllerConfig):
     """Create the controller actor, or return the running one (``get_if_exists``)."""
     import ray
 
     cls = ray.remote(ControllerActor)
-    return cls.options(**controller_options(max_restarts)).remote(
-        config, state_dir, stale_replica_s, persist_every_s
-    )
+    return cls.options(**controller_options(config.max_restarts)).remote(config)
 
 
 def get_controller():
@@ -277,3 +292,25 @@ def get_controller():
         return ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
     except ValueError:
         return None
+
+
+class RayTransport:
+    """The named controller actor; looked up lazily and again after any failure."""
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+
+    async def call(self, method: str, *args: Any, timeout_s: float, **kwargs: Any) -> Any:
+        from ray.exceptions import RayError
+
+        if self._handle is None:
+            # a GCS round trip: off the event loop that streams responses
+            self._handle = await asyncio.to_thread(get_controller)
+            if self._handle is None:
+                raise ControllerUnavailable("controller actor not found")
+        try:
+            ref = getattr(self._handle, method).remote(*args, **kwargs)
+            return await asyncio.wait_for(ref, timeout_s)
+        except (TimeoutError, RayError) as exc:
+            self._handle = None  # look it up again next time
+            raise ControllerUnavailable(f"{type(exc).__name__}: {exc}".splitlines()[0]) from None

@@ -14,15 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
-from ebplus.controller import theory
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-
-def step_kind(n_prefill_tokens: int, n_decode_tokens: int) -> str:
-    """``"prefill"``, ``"decode"`` or ``"mixed"``: which coefficients price a step."""
-    if n_decode_tokens == 0:
-        return "prefill"
-    return "decode" if n_prefill_tokens == 0 else "mixed"
+from ebplus.controller import theory
 
 
 class CostModel(BaseModel):
@@ -90,11 +84,10 @@ class CostModel(BaseModel):
         n = n_prefill_tokens + n_decode_tokens
         if n <= 0:
             return 0.0
-        kind = step_kind(n_prefill_tokens, n_decode_tokens)
-        if kind == "prefill":
+        if n_decode_tokens == 0:
             return self.alpha_p + self.beta_p * n_prefill_tokens
         kv = self.beta_kv * kv_tokens
-        if kind == "decode":
+        if n_prefill_tokens == 0:
             return self.alpha_d + self.beta_d * n_decode_tokens + kv
         return self.alpha_mixed + self.beta_mixed(n_decode_tokens / n) * n + kv
 

@@ -14,10 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ebplus.controller.telemetry import REJECT_REASONS
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from ebplus.controller.messages import Mode, StepKind
+from ebplus.controller.stats import Histogram
+from ebplus.controller.telemetry import REJECT_REASONS
+from ebplus.controller.views import FleetSnapshot
 
 R = ("replica", "model")  # per-replica labels
 
@@ -75,7 +79,6 @@ METRICS: tuple[MetricSpec, ...] = (
 )  # fmt: skip
 
 SPECS = {m.name: m for m in METRICS}
-ENGINE_STEP_PHASES = ("prefill", "decode", "mixed", "idle")
 
 
 def _family(name: str) -> Metric:
@@ -85,15 +88,15 @@ def _family(name: str) -> Metric:
     return cls(base, spec.help, labels=list(spec.labels))
 
 
-def _histogram(family: HistogramMetricFamily, labels: list[str], h: dict) -> None:
+def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -> None:
     buckets, cumulative = [], 0
-    for bound, count in zip([*h["bounds"], float("inf")], h["counts"], strict=True):
+    for bound, count in zip([*h.bounds, float("inf")], h.counts, strict=True):
         cumulative += count
         buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
-    family.add_metric(labels, buckets, h["sum"])
+    family.add_metric(labels, buckets, h.total)
 
 
-def families(snapshot: dict | None, model: str) -> Iterator[Metric]:
+def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
     """Metric families for one controller snapshot (``None``: controller unreachable)."""
     up = _family("ebplus_controller_up")
     up.add_metric([], 0.0 if snapshot is None else 1.0)
@@ -106,64 +109,64 @@ def families(snapshot: dict | None, model: str) -> Iterator[Metric]:
         if value is not None:
             fam[name].add_metric(labels, float(value))
 
-    for rid, r in snapshot["replicas"].items():
+    for rid, r in snapshot.replicas.items():
         lab = [rid, model]
-        put("ebplus_threshold_k", lab, r["k"])
-        put("ebplus_batch_cap_n", lab, r["n"])
-        put("ebplus_n_star", lab, r["n_star"])
-        put("ebplus_theta0", lab, r["theta0"])
-        put("ebplus_delta_theta", lab, r["delta_theta"])
-        put("ebplus_theta_star", lab, r["theta_star"])
-        put("ebplus_theta", lab, r["theta"])
-        put("ebplus_mode_info", [*lab, r["mode"]], 1)
-        put("ebplus_policy_eb", lab, 1 if r["active"] == "eb" else 0)
-        put("ebplus_crossover_margin", lab, None if r["crossover"] is None else r["crossover"]["margin"])
-        put("ebplus_threshold_version", lab, r["version"])
-        put("ebplus_applied_version", lab, r["applied_version"])
-        put("ebplus_mode_switches_total", lab, r["mode_switches"])
-        put("ebplus_concurrency_observed", lab, r["concurrency"])
-        put("ebplus_kv_capacity_tokens", lab, r["kv_capacity_tokens"])
-        stats = r["engine_stats"]
+        put("ebplus_threshold_k", lab, r.k)
+        put("ebplus_batch_cap_n", lab, r.n)
+        put("ebplus_n_star", lab, r.n_star)
+        put("ebplus_theta0", lab, r.theta0)
+        put("ebplus_delta_theta", lab, r.delta_theta)
+        put("ebplus_theta_star", lab, r.theta_star)
+        put("ebplus_theta", lab, r.theta)
+        put("ebplus_mode_info", [*lab, r.mode.value], 1)
+        put("ebplus_policy_eb", lab, 1 if r.active is Mode.EB else 0)
+        put("ebplus_crossover_margin", lab, None if r.crossover is None else r.crossover.margin)
+        put("ebplus_threshold_version", lab, r.version)
+        put("ebplus_applied_version", lab, r.applied_version)
+        put("ebplus_mode_switches_total", lab, r.mode_switches)
+        put("ebplus_concurrency_observed", lab, r.concurrency)
+        put("ebplus_kv_capacity_tokens", lab, r.kv_capacity_tokens)
+        stats = r.engine_stats
         put("ebplus_phase_switches_total", lab, stats.get("phase_switches", 0))
         put("ebplus_preemptions_total", lab, stats.get("preemptions", 0))
         put("ebplus_kv_backoffs_total", lab, stats.get("kv_backoffs", 0))
-        for phase in ENGINE_STEP_PHASES:
-            put("ebplus_steps_total", [*lab, phase], stats.get(f"steps_{phase}", 0))
-        for kind, h in r["step_seconds"].items():
-            _histogram(fam["ebplus_step_seconds"], [*lab, kind], h)
-        cost = r["cost_model"]
-        for kind, key in (("prefill", "alpha_p"), ("decode", "alpha_d"), ("mixed", "alpha_mb")):
-            put("ebplus_cost_alpha_seconds", [*lab, kind], cost[key])
-        for kind, key in (("prefill", "beta_p"), ("decode", "beta_d")):
-            put("ebplus_cost_beta_seconds", [*lab, kind], cost[key])
-        for coef, value in zip("abc", cost["beta_mb"], strict=True):
+        for phase in StepKind:
+            put("ebplus_steps_total", [*lab, phase.value], stats.get(f"steps_{phase.value}", 0))
+        for kind, h in r.step_seconds.items():
+            _histogram(fam["ebplus_step_seconds"], [*lab, kind.value], h)
+        cost = r.cost_model
+        for kind, value in (("prefill", cost.alpha_p), ("decode", cost.alpha_d), ("mixed", cost.alpha_mixed)):
+            put("ebplus_cost_alpha_seconds", [*lab, kind], value)
+        for kind, value in (("prefill", cost.beta_p), ("decode", cost.beta_d)):
+            put("ebplus_cost_beta_seconds", [*lab, kind], value)
+        for coef, value in zip("abc", cost.beta_mb, strict=True):
             put("ebplus_cost_beta_mb", [*lab, coef], value)
-        for kind, value in r["dropped"].items():
-            put("ebplus_telemetry_dropped_total", [*lab, kind], value)
+        put("ebplus_telemetry_dropped_total", [*lab, "completions"], r.dropped.completions)
+        put("ebplus_telemetry_dropped_total", [*lab, "steps"], r.dropped.steps)
 
-    est = snapshot["estimate"] or {}
-    put("ebplus_workload_p0", [], est.get("p0"))
-    put("ebplus_workload_eta", [], est.get("eta"))
-    put("ebplus_workload_mu_l_tokens", [], est.get("mu_l"))
-    put("ebplus_workload_mu_o_tokens", [], est.get("mu_o"))
-    put("ebplus_workload_samples", [], est.get("n_samples", 0))
-    put("ebplus_controller_version", [], snapshot["version"])
-    put("ebplus_controller_updates_total", [], snapshot["updates"])
-    _histogram(fam["ebplus_controller_update_seconds"], [], snapshot["update_seconds"])
-    put("ebplus_controller_plan_errors_total", [], snapshot.get("plan_errors", 0))
+    est = snapshot.estimate
+    put("ebplus_workload_p0", [], None if est is None else est.p0)
+    put("ebplus_workload_eta", [], None if est is None else est.eta)
+    put("ebplus_workload_mu_l_tokens", [], None if est is None else est.mu_l)
+    put("ebplus_workload_mu_o_tokens", [], None if est is None else est.mu_o)
+    put("ebplus_workload_samples", [], 0 if est is None else est.n_samples)
+    put("ebplus_controller_version", [], snapshot.version)
+    put("ebplus_controller_updates_total", [], snapshot.updates)
+    _histogram(fam["ebplus_controller_update_seconds"], [], snapshot.update_seconds)
+    put("ebplus_controller_plan_errors_total", [], snapshot.plan_errors)
     for kind in ("completions", "steps", "batches", "aborted"):
-        put("ebplus_telemetry_received_total", [kind], snapshot["received"].get(kind, 0))
-    for reason in sorted({*REJECT_REASONS, *snapshot["rejected"]}):
-        put("ebplus_telemetry_rejected_total", [reason], snapshot["rejected"].get(reason, 0))
-    put("ebplus_overrides_active", [], len(snapshot["overrides"]))
-    put("ebplus_replicas", [], len(snapshot["replicas"]))
+        put("ebplus_telemetry_received_total", [kind], snapshot.received.get(kind, 0))
+    for reason in sorted({*REJECT_REASONS, *snapshot.rejected}):
+        put("ebplus_telemetry_rejected_total", [reason], snapshot.rejected.get(reason, 0))
+    put("ebplus_overrides_active", [], len(snapshot.overrides))
+    put("ebplus_replicas", [], len(snapshot.replicas))
     yield from fam.values()
 
 
 class SnapshotCollector(Collector):
     """A prometheus-client collector over one snapshot."""
 
-    def __init__(self, snapshot: dict | None, model: str) -> None:
+    def __init__(self, snapshot: FleetSnapshot | None, model: str) -> None:
         self.snapshot = snapshot
         self.model = model
 
@@ -171,7 +174,7 @@ class SnapshotCollector(Collector):
         yield from families(self.snapshot, self.model)
 
 
-def render(snapshot: dict | None, model: str) -> bytes:
+def render(snapshot: FleetSnapshot | None, model: str) -> bytes:
     """Prometheus text exposition of a snapshot."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshot, model))

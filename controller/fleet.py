@@ -1,134 +1,62 @@
 """The control loop of EB+, without Ray: fleet-wide workload, per-replica decisions.
 
 :class:`FleetController` is what the controller actor (``controller/actor.py``)
-wraps and what the simulator runs in-process, so the loop evaluated offline is
-the one deployed. It
+and the plain-vLLM plugin wrap, and what the simulator runs in-process, so the
+loop evaluated offline is the one deployed. It
 
-* validates and ingests telemetry batches (bad records are counted, never raised);
-* keeps one fleet-wide :class:`~controller.estimator.WorkloadEstimator` (the
-  workload is the same for every replica behind one router) and, per replica, a
-  :class:`~controller.estimator.CostModelFitter`, a
-  :class:`~controller.planner.ThresholdPlanner` and an EMA of observed concurrency
-  (GPU types differ, so ``k*``, ``N*`` and the EB/MB choice are per replica);
+* ingests telemetry batches, validated by :mod:`ebplus.controller.telemetry`
+  (bad records are counted, never raised);
+* keeps one fleet-wide :class:`~ebplus.controller.estimator.WorkloadEstimator`
+  (the workload is the same for every replica behind one router) and, per
+  replica, a :class:`~ebplus.controller.cost_fit.CostModelFitter`, a
+  :class:`~ebplus.controller.planner.ThresholdPlanner` and an EMA of observed
+  concurrency (GPU types differ, so ``k*``, ``N*`` and the EB/MB choice are per
+  replica);
 * every ``update_every`` completions re-estimates and re-plans every replica,
-  bumping a global ``version``;
-* applies operator overrides (per replica or ``"*"``, optional TTL);
-* records each decision with its inputs in a bounded history;
-* exports and restores its state for a restart without a cold start.
+  bumping a global ``version``, and records each decision with its inputs;
+* applies operator overrides (:mod:`ebplus.controller.overrides`).
+
+Views for the admin API and ``/metrics`` are in :mod:`ebplus.controller.views`,
+persistence in :mod:`ebplus.controller.persistence`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ebplus.controller.cost_model import CostModel, step_kind
-from ebplus.controller.estimator import CostFit, CostModelFitter, Estimate, WorkloadEstimator
-from ebplus.controller.planner import Plan, PlannerConfig, PlannerState, ThresholdPlanner
-from ebplus.controller.stats import STEP_SECONDS_BUCKETS, UPDATE_SECONDS_BUCKETS, Histogram
-from ebplus.controller.telemetry import (
-    MAX_COUNT,
+from ebplus.controller import persistence, views
+from ebplus.controller.config import ControllerConfig
+from ebplus.controller.cost_fit import CostFit, CostModelFitter
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.estimator import Estimate, WorkloadEstimator
+from ebplus.controller.messages import (
+    CompletionRecord,
+    EngineFacts,
+    EngineStats,
     FinishReason,
+    Mode,
+    Registration,
+    StepKind,
+    StepRecord,
     TelemetryBatch,
-    check_completion,
-    check_int,
-    check_step,
+    ThresholdUpdate,
 )
-from ebplus.replicas.phases import Mode, ThresholdUpdate
-from pydantic import BaseModel, ConfigDict, Field
+from ebplus.controller.overrides import FLEET, OverrideError, Overrides, Target
+from ebplus.controller.planner import Plan, ThresholdPlanner
+from ebplus.controller.stats import STEP_SECONDS_BUCKETS, UPDATE_SECONDS_BUCKETS, Histogram
+from ebplus.controller.telemetry import CleanBatch, check_completion, check_step, clean_batch, valid
 
 logger = logging.getLogger("ebplus.controller")
 
-FLEET = "*"
 #: Replicas whose state a controller keeps aside after forgetting them (see ``FleetController.forget``).
 MAX_SAVED_REPLICAS = 64
 
-
-class ControllerConfig(BaseModel):
-    """Settings of the control loop (the ``controller:`` section of the deployment config)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    window: int = Field(500, ge=10, description="Recent output lengths kept (W_O).")
-    input_window: int = Field(500, ge=10, description="Recent input lengths kept (W_L).")
-    update_every: int = Field(100, ge=1, description="Completions (fleet-wide) between re-estimations (M).")
-    min_samples: int = Field(30, ge=1, description="No estimate before this many completions are held.")
-    first_update: int = Field(
-        30,
-        ge=1,
-        description=(
-            "Completions before the first estimate (then every update_every). Until then a cold controller "
-            "runs EB+ in MB with a guessed k: deciding after 30 rather than 100 completions saves most of "
-            "that cold period (at c=512 on a bandwidth-limited GPU about 3% of a 4000-request run)."
-        ),
-    )
-    step_window: int = Field(2048, ge=16, description="Step timings kept per step kind and replica.")
-    min_steps: int = Field(20, ge=3, description="Step samples needed before a cost part is fitted.")
-    cost_refit_every: int = Field(
-        10,
-        ge=1,
-        description="Workload updates between cost-model refits of a replica (hardware drifts slowly).",
-    )
-    concurrency_ema: float = Field(
-        0.05, gt=0, le=1, description="Weight of each step's running+waiting in the concurrency EMA."
-    )
-    history: int = Field(256, ge=1, description="Decisions kept in the history.")
-    replan_concurrency: float | None = Field(
-        2.0,
-        gt=1,
-        description=(
-            "Re-plan a replica at once when its observed concurrency moves by this factor from the value of "
-            "its last plan (None: only every update_every completions)."
-        ),
-    )
-    planner: PlannerConfig = Field(default_factory=PlannerConfig, description="The EB+ decision's tuning.")
-
-
-class OverrideError(ValueError):
-    """An override that cannot be applied; ``field`` names the offending input."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-@dataclass(frozen=True)
-class Override:
-    """An operator's pin of mode, k and/or N for one replica or the fleet."""
-
-    mode: Mode | None = None
-    k: int | None = None
-    n: int | None = None
-    expires_at: float | None = None
-
-    def as_dict(self) -> dict:
-        return {
-            "mode": None if self.mode is None else self.mode.value,
-            "k": self.k,
-            "n": self.n,
-            "expires_at": self.expires_at,
-        }
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One entry of the history: the inputs and outputs of a decision for one replica."""
-
-    version: int
-    at: float
-    replica_id: str
-    cause: str
-    update: dict
-    plan: dict | None
-    estimate: dict | None
-    cost_model: dict
-    override: dict | None
+Clock = Callable[[], float]
 
 
 @dataclass
@@ -137,8 +65,7 @@ class ReplicaState:
 
     replica_id: str
     mode: Mode
-    kv_capacity_tokens: int
-    max_num_seqs: int
+    facts: EngineFacts
     fitter: CostModelFitter
     planner: ThresholdPlanner
     current: ThresholdUpdate
@@ -150,26 +77,17 @@ class ReplicaState:
     updated_at: float = 0.0
     dropped_completions: int = 0
     dropped_steps: int = 0
-    device: str = ""
     mode_switches: int = 0  # changes of the active policy published to this replica
-    engine_stats: dict = field(default_factory=dict)  # cumulative counters reported by the replica
-    preemptions_seen: int | None = None  # engine_stats["preemptions"] at the last plan
+    engine_stats: EngineStats | None = None  # cumulative counters reported by the replica
+    preemptions_seen: int | None = None  # engine_stats.preemptions at the last plan
     completed_since_plan: int = 0  # completions from this replica since its last plan
     next_completion: int = -1  # running index of the next completion record expected (-1: unknown)
     next_step: int = -1  # same for step records
-    step_seconds: dict[str, Histogram] = field(default_factory=dict)  # by step phase
+    step_seconds: dict[StepKind, Histogram] = field(default_factory=dict)
 
     @property
     def cost_model(self) -> CostModel:
         return self.fitter.prior if self.cost is None else self.cost.model
-
-
-Clock = Callable[[], float]
-
-
-def _counter_value(v: object) -> bool:
-    """A cumulative engine counter: a finite number in ``[0, MAX_COUNT]`` (seconds may be fractional)."""
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= MAX_COUNT
 
 
 class FleetController:
@@ -193,88 +111,68 @@ class FleetController:
             clock=clock,
         )
         self.replicas: dict[str, ReplicaState] = {}
-        self.overrides: dict[str, Override] = {}
-        self.history: deque[Decision] = deque(maxlen=cfg.history)
+        self.overrides = Overrides(clock)
+        self.history: deque[views.Decision] = deque(maxlen=cfg.history)
         self.version = 0
         self.updates = 0
-        self.received: Counter[str] = Counter()  # completions, steps, batches
+        self.received: Counter[str] = Counter()  # completions, steps, batches, aborted
         self.rejected: Counter[str] = Counter()  # by reason
         self.last_update_seconds = 0.0
         self.plan_errors = 0  # re-plans of a replica that raised (see recompute)
         self.update_seconds = Histogram(UPDATE_SECONDS_BUCKETS)
-        self._saved: dict[str, dict] = {}  # persisted replica state awaiting re-registration
+        #: persisted replica state awaiting re-registration (a resumed or forgetful controller)
+        self.saved: dict[str, persistence.SavedReplica] = {}
         self._registrations = 0
 
     # -- replicas ----------------------------------------------------------
 
-    def register(
-        self,
-        replica_id: str,
-        mode: Mode | str,
-        kv_capacity_tokens: int,
-        max_num_seqs: int,
-        prior: CostModel,
-        device: str = "",
-    ) -> ThresholdUpdate:
+    def register(self, registration: Registration) -> ThresholdUpdate:
         """Add (or re-add) a replica; returns the thresholds it should run now.
 
-        ``device`` (e.g. ``"NVIDIA H200"``) is shown in the admin API; the prior
-        cost model is chosen from it by the caller.
+        A replica seen before keeps its state; one this controller persisted (a
+        restart) resumes its decisions and fitted costs; a new one starts from the
+        fleet's latest plan rather than cold, with ``registration.prior`` (chosen
+        by the replica for its device) as its cost model.
         """
-        mode = Mode(mode)
-        if kv_capacity_tokens < 1 or max_num_seqs < 2:
+        facts = registration.facts
+        if facts.kv_capacity_tokens < 1 or facts.max_num_seqs < 2:
             raise ValueError("kv_capacity_tokens must be >= 1 and max_num_seqs >= 2")
-        old = self.replicas.get(replica_id)
-        planner_cfg = self.config.planner.model_copy(update={"max_num_seqs": max_num_seqs})
-        planner = ThresholdPlanner(planner_cfg, old.planner.state if old else None)
-        saved = self._saved.pop(replica_id, None)
+        rid = registration.replica_id
+        old = self.replicas.get(rid)
+        saved = self.saved.pop(rid, None)
+        planner_cfg = self.config.planner.model_copy(update={"max_num_seqs": facts.max_num_seqs})
+        planner = ThresholdPlanner(planner_cfg)
+        prior = registration.prior
         if old is not None:
-            planner.last = old.planner.last
+            planner.state, planner.last = old.planner.state, old.planner.last
         elif saved is not None:
-            # resumed controller: the replica keeps its decisions and fitted costs
-            planner.state = PlannerState(**{**saved["planner"], "active": Mode(saved["planner"]["active"])})
-            planner.last = None if saved["last_plan"] is None else Plan.from_dict(saved["last_plan"])
-            prior = CostModel(**saved["cost_model"])
-            mode_switches = int(saved.get("mode_switches", 0))
+            planner.state, planner.last = dataclasses.replace(saved.planner), saved.last_plan
+            prior = saved.cost_model
         else:
-            # a new replica inherits the fleet's latest plan state so it does not cold-start
             donor = next(iter(self.replicas.values()), None)
             if donor is not None and donor.planner.last is not None:
                 planner.state = dataclasses.replace(donor.planner.state)
                 planner.last = donor.planner.last
-        if old is not None:
-            mode_switches = old.mode_switches
-        elif saved is None:
-            mode_switches = 0
-        fitter = old.fitter if old else CostModelFitter(prior, self.config.step_window, self.config.min_steps)
         state = ReplicaState(
-            replica_id=replica_id,
-            mode=mode,
-            kv_capacity_tokens=int(kv_capacity_tokens),
-            max_num_seqs=int(max_num_seqs),
-            fitter=fitter,
+            replica_id=rid,
+            mode=Mode(registration.mode),
+            facts=facts,
+            fitter=old.fitter if old else CostModelFitter(prior, self.config.step_window, self.config.min_steps),
             planner=planner,
-            current=planner.update_for(mode, self.version),
-            cost=old.cost if old else None,
-            concurrency=old.concurrency if old else (saved or {}).get("concurrency"),
+            current=planner.update_for(registration.mode, self.version),
             last_seen=self.clock(),
             ordinal=old.ordinal if old else self._registrations,
-            device=device,
-            mode_switches=mode_switches,
-            engine_stats=old.engine_stats if old else {},
-            step_seconds=old.step_seconds if old else {},
         )
         if old is not None:
-            state.next_completion, state.next_step = old.next_completion, old.next_step
-        elif saved is not None:  # where the persisted windows end in this replica's record stream
-            for cursor in ("next_completion", "next_step"):
-                value = check_int(saved.get(cursor), 0, MAX_COUNT)
-                setattr(state, cursor, value if isinstance(value, int) else -1)
-            dropped = saved.get("dropped") or {}
-            state.dropped_completions = self._count(dropped.get("completions", 0))
-            state.dropped_steps = self._count(dropped.get("steps", 0))
+            for name in ("cost", "concurrency", "mode_switches", "engine_stats", "step_seconds", "next_completion",
+                         "next_step", "dropped_completions", "dropped_steps", "applied_version"):  # fmt: skip
+                setattr(state, name, getattr(old, name))
+        elif saved is not None:
+            state.concurrency, state.mode_switches = saved.concurrency, saved.mode_switches
+            state.next_completion, state.next_step = saved.next_completion, saved.next_step
+            state.dropped_completions, state.dropped_steps = saved.dropped.completions, saved.dropped.steps
         self._registrations += 1
-        self.replicas[replica_id] = state
+        self.replicas[rid] = state
         state.current = self._effective(state)
         return state.current
 
@@ -286,14 +184,14 @@ class FleetController:
         itself was paused) resumes where it was when it registers again instead of
         starting cold. At most :data:`MAX_SAVED_REPLICAS` are kept (oldest dropped).
         """
-        self.overrides.pop(replica_id, None)
+        self.overrides.clear(replica_id)
         replica = self.replicas.pop(replica_id, None)
         if replica is None:
             return False
-        self._saved.pop(replica_id, None)
-        self._saved[replica_id] = self._replica_state(replica)
-        while len(self._saved) > MAX_SAVED_REPLICAS:
-            self._saved.pop(next(iter(self._saved)))
+        self.saved.pop(replica_id, None)
+        self.saved[replica_id] = persistence.saved_replica(replica)
+        while len(self.saved) > MAX_SAVED_REPLICAS:
+            self.saved.pop(next(iter(self.saved)))
         return True
 
     def grace(self, seconds: float) -> None:
@@ -323,60 +221,53 @@ class FleetController:
         by reason, and a record already ingested (a late duplicate) is skipped.
         """
         self.received["batches"] += 1
-        rid = getattr(batch, "replica_id", None)
-        replica = self.replicas.get(rid) if isinstance(rid, str) else None
-        if replica is None:
-            self.rejected["unknown_replica"] += 1
+        clean = clean_batch(batch, self.rejected)
+        replica = None if clean is None else self.replicas.get(clean.replica_id)
+        if clean is None or replica is None:
+            if clean is not None:
+                self.rejected["unknown_replica"] += 1
             return None
         replica.last_seen = self.clock()
-        applied = check_int(getattr(batch, "applied_version", None), 0, MAX_COUNT)
-        if isinstance(applied, int):
-            replica.applied_version = applied
-        replica.dropped_completions += self._count(getattr(batch, "dropped_completions", 0))
-        replica.dropped_steps += self._count(getattr(batch, "dropped_steps", 0))
-        self._ingest_engine_stats(replica, getattr(batch, "extra", None))
-        completions = self._fresh(replica, "next_completion", batch, "completions", "completions_from")
-        steps = self._fresh(replica, "next_step", batch, "steps", "steps_from")
+        if clean.applied_version is not None:
+            replica.applied_version = clean.applied_version
+        replica.dropped_completions += clean.dropped_completions
+        replica.dropped_steps += clean.dropped_steps
+        if clean.stats is not None:
+            replica.engine_stats = clean.stats
+        completions = valid(self._fresh(replica, "next_completion", clean.completions, clean.completions_from),
+                            check_completion, self.rejected)  # fmt: skip
+        steps = valid(self._fresh(replica, "next_step", clean.steps, clean.steps_from), check_step, self.rejected)
         self._ingest_completions(completions)
         replica.completed_since_plan += len(completions)
         self._ingest_steps(replica, steps)
+        self._after_ingest(replica, clean)
+        return replica.current
+
+    def _after_ingest(self, replica: ReplicaState, clean: CleanBatch) -> None:
         if self.workload.update_due():
             self.recompute("periodic")
         elif self._concurrency_moved(replica):
             self.recompute("concurrency")
         elif self._cold_switch(replica):
             self.recompute("cold")
-        self._expire_overrides()
-        return replica.current
+        self.expire_overrides()
 
-    def _count(self, value: object) -> int:
-        """A non-negative counter from a batch (0 and ``bad_batch`` counted when it is not one)."""
-        n = check_int(0 if value is None else value, 0, MAX_COUNT)
-        if isinstance(n, str):
-            self.rejected["bad_batch"] += 1
-            return 0
-        return n
-
-    def _fresh(self, replica: ReplicaState, cursor: str, batch: object, name: str, index_name: str) -> tuple:
+    def _fresh(self, replica: ReplicaState, cursor: str, records: object, start: int | None) -> tuple:
         """The records of one kind the controller does not have yet.
 
-        ``<kind>_from`` is the replica's running index of the batch's first record;
+        ``start`` is the replica's running index of the batch's first record;
         records below the replica's cursor arrived before (a push that timed out at
         the replica and was delivered late) and are counted as ``duplicate``.
         """
-        records = getattr(batch, name, ()) or ()
-        if not isinstance(records, list | tuple):
-            self.rejected["bad_batch"] += 1
-            return ()
-        start = check_int(getattr(batch, index_name, -1), 0, MAX_COUNT)
-        if isinstance(start, str):  # not tracked by this sender (-1), or garbage
-            return tuple(records)
+        records = tuple(records)  # type: ignore[arg-type]
+        if start is None:  # not tracked by this sender
+            return records
         seen = getattr(replica, cursor)
         skip = min(len(records), max(0, seen - start)) if seen >= 0 else 0
         if skip:
             self.rejected["duplicate"] += skip
         setattr(replica, cursor, max(seen, start + len(records)))
-        return tuple(records[skip:])
+        return records[skip:]
 
     def _concurrency_moved(self, replica: ReplicaState) -> bool:
         """The replica's load left the range its last plan was made for (k and the EB/MB choice depend on it).
@@ -398,17 +289,15 @@ class FleetController:
         (:meth:`ThresholdPlanner.cold_choice`); True when it just did."""
         if self.workload.estimate is not None or replica.mode is not Mode.AUTO or replica.concurrency is None:
             return False
-        reason = replica.planner.cold_choice(replica.cost_model, replica.kv_capacity_tokens, replica.concurrency)
+        reason = replica.planner.cold_choice(
+            replica.cost_model, replica.facts.kv_capacity_tokens, replica.concurrency
+        )
         if reason is not None:
             logger.info("replica %s: %s", replica.replica_id, reason)
         return reason is not None
 
-    def _ingest_completions(self, records) -> None:
-        for raw in records:
-            rec = check_completion(raw)
-            if isinstance(rec, str):
-                self.rejected[rec] += 1
-                continue
+    def _ingest_completions(self, records: list[CompletionRecord]) -> None:
+        for rec in records:
             self.received["completions"] += 1
             if rec.finish is FinishReason.ERROR or rec.output_len < 1:
                 self.received["aborted"] += 1  # says nothing about the natural length
@@ -421,42 +310,12 @@ class FleetController:
                 self.received["aborted"] += 1
             self.workload.observe(rec.input_len, rec.output_len, censored=censored)
 
-    @staticmethod
-    def _new_preemptions(replica: ReplicaState) -> int:
-        """Preemptions the replica reported (cumulative ``engine_stats``) since the last plan."""
-        total = replica.engine_stats.get("preemptions")
-        if total is None:
-            return 0
-        seen = replica.preemptions_seen
-        replica.preemptions_seen = int(total)
-        return 0 if seen is None else max(0, int(total) - seen)
-
-    @staticmethod
-    def _new_completions(replica: ReplicaState) -> int:
-        """Completions the replica sent since the last plan (the denominator of its preemption rate)."""
-        n, replica.completed_since_plan = replica.completed_since_plan, 0
-        return n
-
-    def _ingest_engine_stats(self, replica: ReplicaState, extra: object) -> None:
-        """Cumulative engine counters (steps by phase, phase switches, preemptions...)."""
-        if not isinstance(extra, dict) or "engine_stats" not in extra:
-            return
-        stats = extra["engine_stats"]
-        if not isinstance(stats, dict) or not all(isinstance(k, str) and _counter_value(v) for k, v in stats.items()):
-            self.rejected["bad_engine_stats"] += 1
-            return
-        replica.engine_stats = dict(stats)
-
-    def _ingest_steps(self, replica: ReplicaState, records) -> None:
+    def _ingest_steps(self, replica: ReplicaState, records: list[StepRecord]) -> None:
         alpha = self.config.concurrency_ema
-        for raw in records:
-            rec = check_step(raw)
-            if isinstance(rec, str):
-                self.rejected[rec] += 1
-                continue
+        for rec in records:
             self.received["steps"] += 1
             replica.fitter.observe_step(rec.prefill_tokens, rec.decode_tokens, rec.seconds, rec.kv_tokens)
-            kind = step_kind(rec.prefill_tokens, rec.decode_tokens)
+            kind = rec.kind
             hist = replica.step_seconds.get(kind)
             if hist is None:
                 hist = replica.step_seconds[kind] = Histogram(STEP_SECONDS_BUCKETS)
@@ -464,6 +323,21 @@ class FleetController:
             demand = float(rec.running + rec.waiting)
             c = replica.concurrency
             replica.concurrency = demand if c is None else c + alpha * (demand - c)
+
+    @staticmethod
+    def _new_preemptions(replica: ReplicaState) -> int:
+        """Preemptions the replica reported (cumulative engine stats) since the last plan."""
+        if replica.engine_stats is None:
+            return 0
+        total = replica.engine_stats.preemptions
+        seen, replica.preemptions_seen = replica.preemptions_seen, total
+        return 0 if seen is None else max(0, total - seen)
+
+    @staticmethod
+    def _new_completions(replica: ReplicaState) -> int:
+        """Completions the replica sent since the last plan (the denominator of its preemption rate)."""
+        n, replica.completed_since_plan = replica.completed_since_plan, 0
+        return n
 
     # -- decisions ---------------------------------------------------------
 
@@ -496,8 +370,8 @@ class FleetController:
         return replica.planner.plan(
             estimate,
             replica.cost.model,
-            replica.kv_capacity_tokens,
-            replica.concurrency if replica.concurrency is not None else replica.max_num_seqs,
+            replica.facts.kv_capacity_tokens,
+            replica.concurrency if replica.concurrency is not None else replica.facts.max_num_seqs,
             preempted=self._new_preemptions(replica),
             completed=self._new_completions(replica),
         )
@@ -508,42 +382,36 @@ class FleetController:
         if replica.current.active is not previous:
             replica.mode_switches += 1
         replica.updated_at = self.clock()
-        override = self.overrides.get(replica.replica_id) or self.overrides.get(FLEET)
         self.history.append(
-            Decision(
+            views.Decision(
                 version=self.version,
                 at=replica.updated_at,
                 replica_id=replica.replica_id,
                 cause=cause,
-                update=replica.current.as_dict(),
-                plan=None if plan is None else plan.as_dict(),
-                estimate=None if estimate is None else dataclasses.asdict(estimate),
-                cost_model=replica.cost_model.model_dump(),
-                override=None if override is None else override.as_dict(),
+                update=views.ThresholdsView.of(replica.current),
+                plan=plan,
+                estimate=estimate,
+                cost_model=replica.cost_model,
+                override=self.overrides.get(replica.replica_id),
             )
         )
 
     def _effective(self, replica: ReplicaState) -> ThresholdUpdate:
         base = replica.planner.update_for(replica.mode, self.version)
-        for key in (FLEET, replica.replica_id):  # a replica's own override wins
-            ov = self.overrides.get(key)
-            if ov is None:
-                continue
-            mode = ov.mode or base.mode
-            n = ov.n or base.n
-            # a pinned k was valid for the N of its day; if the planner has since
-            # lowered N (KV pressure), k follows it down rather than exceed it
-            k = min(ov.k if ov.k is not None else base.k, n)
-            active = base.active if mode is Mode.AUTO else mode
-            base = ThresholdUpdate(mode=mode, k=k, n=n, version=self.version, active=active)
-        return base
+        return self.overrides.apply(replica.replica_id, base)
+
+    def thresholds(self, replica_id: str) -> ThresholdUpdate | None:
+        """The replica's current thresholds (expired overrides dropped first)."""
+        self.expire_overrides()
+        replica = self.replicas.get(replica_id)
+        return None if replica is None else replica.current
 
     # -- overrides ---------------------------------------------------------
 
     def kv_safe_n(self, replica: ReplicaState) -> int:
         """The largest N the controller considers memory-safe for a replica."""
         last = replica.planner.last
-        return replica.max_num_seqs if last is None else last.n_cap
+        return replica.facts.max_num_seqs if last is None else last.n_cap
 
     def set_override(
         self,
@@ -556,49 +424,25 @@ class FleetController:
     ) -> int:
         """Pin mode/k/N for a replica or the fleet (``"*"``); returns the new version.
 
-        Raises :class:`OverrideError` naming the field; nothing changes then.
+        Raises :class:`~ebplus.controller.overrides.OverrideError` naming the field;
+        nothing changes then.
         """
         if replica_id != FLEET and replica_id not in self.replicas:
             raise OverrideError("replica", f"unknown replica {replica_id!r}")
-        try:
-            mode = None if mode is None else Mode(mode)
-        except ValueError:
-            raise OverrideError("mode", f"must be one of {[m.value for m in Mode]}, got {mode!r}") from None
-        if mode is None and k is None and n is None:
-            raise OverrideError("mode", "give at least one of mode, k, n")
-        if ttl_s is not None and not (math.isfinite(ttl_s) and ttl_s > 0):
-            raise OverrideError("ttl_s", f"must be > 0 seconds, got {ttl_s!r}")
-        targets = list(self.replicas.values()) if replica_id == FLEET else [self.replicas[replica_id]]
-        for r in targets:
-            n_eff = n if n is not None else r.current.n
-            if n is not None:
-                if n < 1:
-                    raise OverrideError("n", f"must be >= 1, got {n}")
-                if n > r.max_num_seqs:
-                    raise OverrideError("n", f"{n} exceeds max_num_seqs {r.max_num_seqs} of replica {r.replica_id}")
-                safe = self.kv_safe_n(r)
-                if n > safe and not force:
-                    raise OverrideError(
-                        "n", f"{n} exceeds the KV-safe maximum {safe} of replica {r.replica_id} (set force to override)"
-                    )
-            if k is not None and not 1 <= k <= n_eff:
-                raise OverrideError("k", f"must be in [1, n={n_eff}], got {k}")
-        expires = None if ttl_s is None else self.clock() + ttl_s
-        self.overrides[replica_id] = Override(mode=mode, k=k, n=n, expires_at=expires)
+        chosen = self.replicas.values() if replica_id == FLEET else [self.replicas[replica_id]]
+        targets = [Target(r.replica_id, r.facts.max_num_seqs, self.kv_safe_n(r), r.current.n) for r in chosen]
+        self.overrides.set(replica_id, targets, mode=mode, k=k, n=n, ttl_s=ttl_s, force=force)
         return self._bump(f"override {replica_id}")
 
     def clear_override(self, replica_id: str) -> bool:
         """Remove an override; returns whether there was one."""
-        if self.overrides.pop(replica_id, None) is None:
+        if not self.overrides.clear(replica_id):
             return False
         self._bump(f"override cleared {replica_id}")
         return True
 
-    def _expire_overrides(self) -> None:
-        now = self.clock()
-        expired = [key for key, ov in self.overrides.items() if ov.expires_at is not None and ov.expires_at <= now]
-        for key in expired:
-            del self.overrides[key]
+    def expire_overrides(self) -> None:
+        expired = self.overrides.expire()
         if expired:
             self._bump("override expired " + ",".join(expired))
 
@@ -608,131 +452,23 @@ class FleetController:
             self._publish(replica, cause, self.workload.estimate, replica.planner.last)
         return self.version
 
-    def thresholds(self, replica_id: str) -> ThresholdUpdate | None:
-        """The replica's current thresholds (expired overrides dropped first)."""
-        self._expire_overrides()
-        replica = self.replicas.get(replica_id)
-        return None if replica is None else replica.current
+    # -- views and persistence -------------------------------------------
 
-    # -- views -------------------------------------------------------------
-
-    def replica_view(self, replica: ReplicaState) -> dict:
-        """Everything the admin API and the exporter show about one replica."""
-        plan = replica.planner.last
-        cost = replica.cost_model
-        return {
-            **replica.current.as_dict(),
-            "applied_version": replica.applied_version,
-            "updated_at": replica.updated_at,
-            "last_seen": replica.last_seen,
-            "device": replica.device,
-            "theta0": None if plan is None else plan.theta0,
-            "delta_theta": None if plan is None else plan.delta_theta,
-            "theta_star": None if plan is None else plan.theta_star,
-            "theta": replica.planner.state.theta or self.config.planner.theta_cold,
-            "n_star": None if plan is None else plan.n_cap,
-            "concurrency": replica.concurrency,
-            "kv_capacity_tokens": replica.kv_capacity_tokens,
-            "max_num_seqs": replica.max_num_seqs,
-            "crossover": None if plan is None or plan.crossover is None else plan.crossover.as_dict(),
-            "reason": None if plan is None else plan.reason,
-            "cost_model": {**cost.model_dump(), "alpha_mb": cost.alpha_mixed},
-            "cost_fitted": [] if replica.cost is None else list(replica.cost.fitted),
-            "mode_switches": replica.mode_switches,
-            "dropped": {"completions": replica.dropped_completions, "steps": replica.dropped_steps},
-            "engine_stats": dict(replica.engine_stats),
-            "step_seconds": {kind: h.as_dict() for kind, h in replica.step_seconds.items()},
-        }
-
-    def snapshot(self) -> dict:
+    def snapshot(self) -> views.FleetSnapshot:
         """One consistent view of the whole controller (admin API and /metrics read this)."""
-        self._expire_overrides()
-        est = self.workload.estimate
-        return {
-            "version": self.version,
-            "updates": self.updates,
-            "estimate": None if est is None else dataclasses.asdict(est),
-            "completions": self.workload.completions,
-            "received": dict(self.received),
-            "rejected": dict(self.rejected),
-            "plan_errors": self.plan_errors,
-            "overrides": {key: ov.as_dict() for key, ov in self.overrides.items()},
-            "last_update_seconds": self.last_update_seconds,
-            "update_seconds": self.update_seconds.as_dict(),
-            "replicas": {rid: self.replica_view(r) for rid, r in self.replicas.items()},
-        }
+        return views.snapshot(self)
 
-    def history_view(self, limit: int | None = None) -> list[dict]:
+    def history_view(self, limit: int | None = None) -> list[views.Decision]:
         """The newest ``limit`` decisions, newest last."""
         items = list(self.history)
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
-        return [dataclasses.asdict(d) for d in items]
+        return items
 
-    # -- persistence -------------------------------------------------------
+    def state(self) -> persistence.ControllerState:
+        """What to persist (see :mod:`ebplus.controller.persistence`)."""
+        return persistence.dump(self)
 
-    def state(self) -> dict:
-        """JSON-able snapshot: windows, per-replica planner state and fitted costs, overrides."""
-        return {
-            "version": self.version,
-            "updates": self.updates,
-            "workload": self.workload.state(),
-            # replicas set aside (not registered since a restart, or forgotten) are kept too:
-            # a second restart before they register must not lose them
-            "replicas": {
-                **self._saved,
-                **{rid: self._replica_state(r) for rid, r in self.replicas.items()},
-            },
-            "overrides": {key: ov.as_dict() for key, ov in self.overrides.items()},
-            "history": self.history_view(),
-            "received": dict(self.received),
-            "rejected": dict(self.rejected),
-            "plan_errors": self.plan_errors,
-            "update_seconds": self.update_seconds.as_dict(),
-        }
-
-    @staticmethod
-    def _replica_state(r: ReplicaState) -> dict:
-        return {
-            "planner": {
-                "theta": r.planner.state.theta,
-                "n_cap": r.planner.state.n_cap,
-                "active": r.planner.state.active.value,
-                "since_switch": min(r.planner.state.since_switch, 1 << 30),
-                "plans": r.planner.state.plans,
-                "kv_scale": r.planner.state.kv_scale,
-                "n_obs_at_switch": r.planner.state.n_obs_at_switch,
-                "context": r.planner.state.context,
-            },
-            "last_plan": None if r.planner.last is None else r.planner.last.as_dict(),
-            "cost_model": r.cost_model.model_dump(),
-            "concurrency": r.concurrency,
-            "mode_switches": r.mode_switches,
-            "next_completion": r.next_completion,
-            "next_step": r.next_step,
-            "dropped": {"completions": r.dropped_completions, "steps": r.dropped_steps},
-        }
-
-    def restore(self, state: dict) -> None:
-        """Resume from :meth:`state`.
-
-        Replicas re-register with their current facts (mode, KV capacity); until
-        then their saved planner state and cost model wait in ``_saved``.
-        """
-        self.version = int(state["version"])
-        self.updates = int(state["updates"])
-        self.workload.restore(state["workload"])
-        self._saved = dict(state.get("replicas", {}))
-        for key, ov in state.get("overrides", {}).items():
-            self.overrides[key] = Override(
-                mode=None if ov["mode"] is None else Mode(ov["mode"]),
-                k=ov["k"],
-                n=ov["n"],
-                expires_at=ov["expires_at"],
-            )
-        self.history.extend(Decision(**d) for d in state.get("history", []))
-        self.received.update(state.get("received", {}))
-        self.rejected.update(state.get("rejected", {}))
-        self.plan_errors = int(state.get("plan_errors", 0))
-        if "update_seconds" in state:
-            self.update_seconds = Histogram.from_dict(state["update_seconds"])
+    def restore(self, state: persistence.ControllerState) -> None:
+        """Resume from :meth:`state` (parse a stored one with :func:`persistence.parse`)."""
+        persistence.load(self, state)

@@ -36,10 +36,3 @@ class Histogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
         self.count += 1
-
-    def as_dict(self) -> dict:
-        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.total, "count": self.count}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Histogram:
-        return cls(bounds=tuple(d["bounds"]), counts=list(d["counts"]), total=d["sum"], count=d["count"])

@@ -1,18 +1,35 @@
-"""Telemetry records sent by replicas, and their validation at the controller.
+"""Validation of what replicas report, at the controller.
 
-Replicas send plain frozen dataclasses (cheap to build in the scheduler loop and
-to pickle across Ray). The controller trusts nothing: every record passes
-:func:`check_completion` / :func:`check_step`, and a bad one is rejected with a
-reason the controller counts (``ebplus_telemetry_rejected_total{reason=...}``)
-instead of raising.
+The controller trusts nothing a replica sends. A batch decoded from the wire
+(:func:`ebplus.controller.messages.decode`) has the right *types*; an in-process
+caller (the simulator, a test, a buggy replica) may hand over anything. Every
+record passes :func:`check_completion`, :func:`check_step` or
+:func:`check_running`, and :func:`clean_batch` checks the envelope: a bad record is
+rejected with a reason the controller counts
+(``ebplus_telemetry_rejected_total{reason=...}``) instead of raising.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
+
+from ebplus.controller.messages import (
+    WIRE_VERSION,
+    CompletionRecord,
+    EngineStats,
+    FinishReason,
+    RunningRequest,
+    StepRecord,
+    TelemetryBatch,
+    WireError,
+    decode,
+)
 
 # Lengths above this are treated as corrupt rather than as real requests.
 MAX_TOKENS_PER_REQUEST = 10_000_000
@@ -35,70 +52,10 @@ REJECT_REASONS = (
     "empty_step",
     "unknown_replica",
     "bad_engine_stats",
-    "bad_batch",  # a batch field of the wrong shape (records not a list, a counter not a count)
+    "bad_batch",  # a batch, or a batch field, of the wrong shape
+    "bad_version",  # a message of a wire version this controller does not speak
     "duplicate",  # a record the controller already has (a timed-out push delivered late)
 )
-
-
-class FinishReason(StrEnum):
-    """Why a request left the engine (vLLM's finish reasons, plus aborted/failed)."""
-
-    STOP = "stop"  # EOS or a stop string: a natural completion
-    LENGTH = "length"  # max_tokens or the model's length limit: right-censored
-    ABORT = "abort"  # client went away, or the request was cancelled
-    ERROR = "error"
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionRecord:
-    """One request that left the engine."""
-
-    input_len: int
-    output_len: int
-    finish: FinishReason
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One engine step: what it computed, how long it took, the queue around it."""
-
-    prefill_tokens: int
-    decode_tokens: int
-    running: int
-    waiting: int
-    seconds: float
-    phase: str = ""
-    # KV tokens the step's decodes read (the summed context of the decoding requests);
-    # 0 when the engine does not report it. Decode cost grows with context, and a
-    # fit in the number of sequences alone confounds the two (see CostModelFitter).
-    kv_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class TelemetryBatch:
-    """What a replica pushes to the controller, periodically.
-
-    ``applied_version`` is the threshold version the replica's scheduler runs, so
-    the controller (and the admin API) can show whether a decision has landed.
-    ``dropped_*`` count records lost to full buffers since the last batch.
-
-    ``completions_from`` / ``steps_from`` are the replica's running index of the
-    batch's first record of each kind (-1: not tracked). A push that timed out may
-    still be delivered after the replica re-sent its records in a later batch (a
-    hung controller works off its queue when it resumes); the indices let the
-    controller skip what it already has instead of counting it twice.
-    """
-
-    replica_id: str
-    completions: tuple[Any, ...] = ()
-    steps: tuple[Any, ...] = ()
-    applied_version: int = 0
-    dropped_completions: int = 0
-    dropped_steps: int = 0
-    sent_at: float = 0.0
-    extra: dict = field(default_factory=dict)
-    completions_from: int = -1
-    steps_from: int = -1
 
 
 def check_int(value: Any, lo: int, hi: int) -> int | str:
@@ -118,43 +75,50 @@ def check_int(value: Any, lo: int, hi: int) -> int | str:
     return int(value)
 
 
-def _int_field(record: Any, name: str, lo: int, hi: int) -> int | str:
-    value = getattr(record, name, None) if not isinstance(record, dict) else record.get(name)
-    return check_int(value, lo, hi)
+def _ints(record: Any, names: Sequence[str], lo: int, hi: int) -> list[int] | str:
+    out = []
+    for name in names:
+        v = check_int(getattr(record, name, None), lo, hi)
+        if isinstance(v, str):
+            return v
+        out.append(v)
+    return out
 
 
 def check_completion(record: Any) -> CompletionRecord | str:
     """A validated :class:`CompletionRecord`, or the reason it was rejected."""
-    finish_raw = record.get("finish") if isinstance(record, dict) else getattr(record, "finish", None)
-    if finish_raw is None:
-        return "missing_field"
+    if not isinstance(record, CompletionRecord):
+        return "bad_type"
     try:
-        finish = FinishReason(finish_raw)
-    except ValueError:
+        finish = FinishReason(record.finish)
+    except (ValueError, TypeError):
         return "bad_finish_reason"
-    input_len = _int_field(record, "input_len", 1, MAX_TOKENS_PER_REQUEST)
+    input_len = check_int(record.input_len, 1, MAX_TOKENS_PER_REQUEST)
     if isinstance(input_len, str):
         return input_len
     lo = 0 if finish in (FinishReason.ABORT, FinishReason.ERROR) else 1
-    output_len = _int_field(record, "output_len", lo, MAX_TOKENS_PER_REQUEST)
+    output_len = check_int(record.output_len, lo, MAX_TOKENS_PER_REQUEST)
     if isinstance(output_len, str):
         return output_len
-    if isinstance(record, CompletionRecord):
-        return record
-    return CompletionRecord(input_len=input_len, output_len=output_len, finish=finish)
+    extra = _ints(record, ("max_tokens", "cached_tokens"), 0, MAX_TOKENS_PER_REQUEST)
+    if isinstance(extra, str):
+        return extra
+    seq = check_int(record.seq, -1, MAX_COUNT)
+    if isinstance(seq, str):
+        return seq
+    return record
 
 
 def check_step(record: Any) -> StepRecord | str:
     """A validated :class:`StepRecord`, or the reason it was rejected."""
-    values: dict[str, int] = {}
-    for name in ("prefill_tokens", "decode_tokens", "running", "waiting"):
-        v = _int_field(record, name, 0, MAX_TOKENS_PER_REQUEST)
-        if isinstance(v, str):
-            return v
-        values[name] = v
-    if values["prefill_tokens"] + values["decode_tokens"] == 0:
+    if not isinstance(record, StepRecord):
+        return "bad_type"
+    values = _ints(record, ("prefill_tokens", "decode_tokens", "running", "waiting"), 0, MAX_TOKENS_PER_REQUEST)
+    if isinstance(values, str):
+        return values
+    if values[0] + values[1] == 0:
         return "empty_step"
-    seconds = record.get("seconds") if isinstance(record, dict) else getattr(record, "seconds", None)
+    seconds = record.seconds
     if seconds is None:
         return "missing_field"
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
@@ -165,11 +129,195 @@ def check_step(record: Any) -> StepRecord | str:
         return "negative" if seconds < 0 else "out_of_range"
     if seconds > MAX_STEP_SECONDS:
         return "absurd_value"
-    kv_raw = record.get("kv_tokens", 0) if isinstance(record, dict) else getattr(record, "kv_tokens", 0)
-    kv = _int_field({"kv_tokens": 0 if kv_raw is None else kv_raw}, "kv_tokens", 0, MAX_KV_TOKENS)
+    kv = check_int(record.kv_tokens, 0, MAX_KV_TOKENS)
     if isinstance(kv, str):
         return kv
-    if isinstance(record, StepRecord):
-        return record
-    phase = record.get("phase", "") if isinstance(record, dict) else getattr(record, "phase", "")
-    return StepRecord(seconds=float(seconds), phase=str(phase), kv_tokens=kv, **values)
+    return record
+
+
+def check_running(record: Any) -> RunningRequest | str:
+    """A validated :class:`RunningRequest`, or the reason it was rejected."""
+    if not isinstance(record, RunningRequest):
+        return "bad_type"
+    seq = check_int(record.seq, 0, MAX_COUNT)
+    if isinstance(seq, str):
+        return seq
+    values = _ints(record, ("input_len", "age", "max_tokens", "cached_tokens"), 0, MAX_TOKENS_PER_REQUEST)
+    if isinstance(values, str):
+        return values
+    if values[0] < 1:
+        return "out_of_range"
+    return record
+
+
+@dataclass(frozen=True)
+class CleanBatch:
+    """The usable part of a batch: envelope fields checked; records still raw (see :func:`valid`)."""
+
+    replica_id: str
+    completions: Sequence[Any]
+    steps: Sequence[Any]
+    running: Sequence[Any] | None  # None: the replica reported nothing about running requests
+    running_total: int
+    applied_version: int | None
+    dropped_completions: int
+    dropped_steps: int
+    stats: EngineStats | None
+    completions_from: int | None  # None: not tracked
+    steps_from: int | None
+
+
+def _count(value: object, rejected: Counter[str]) -> int:
+    """A non-negative counter from a batch (0, and ``bad_batch`` counted, when it is not one)."""
+    n = check_int(0 if value is None else value, 0, MAX_COUNT)
+    if isinstance(n, str):
+        rejected["bad_batch"] += 1
+        return 0
+    return n
+
+
+def _records(value: object, rejected: Counter[str]) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        rejected["bad_batch"] += 1
+        return ()
+    return value
+
+
+def clean_batch(batch: object, rejected: Counter[str]) -> CleanBatch | None:
+    """Check a batch's envelope; ``None`` (and ``unknown_replica`` counted) if it names no replica.
+
+    Fields of the wrong shape are counted as ``bad_batch`` and read as empty or
+    zero; engine counters that are not finite non-negative counts as
+    ``bad_engine_stats`` (and ignored). Nothing here raises.
+    """
+    rid = getattr(batch, "replica_id", None) if isinstance(batch, TelemetryBatch) else None
+    if not isinstance(rid, str):
+        rejected["unknown_replica"] += 1
+        return None
+    applied = check_int(batch.applied_version, 0, MAX_COUNT)
+    stats = batch.stats
+    if stats is not None and (not isinstance(stats, EngineStats) or stats.problem(MAX_COUNT) is not None):
+        rejected["bad_engine_stats"] += 1
+        stats = None
+    running = None
+    total = check_int(batch.running_total, 0, MAX_COUNT)
+    if isinstance(total, int):
+        running = _records(batch.running, rejected)
+    elif batch.running_total != -1:
+        rejected["bad_batch"] += 1
+    cursors = [check_int(getattr(batch, name), 0, MAX_COUNT) for name in ("completions_from", "steps_from")]
+    return CleanBatch(
+        replica_id=rid,
+        completions=_records(batch.completions, rejected),
+        steps=_records(batch.steps, rejected),
+        running=running,
+        running_total=total if isinstance(total, int) else 0,
+        applied_version=applied if isinstance(applied, int) else None,
+        dropped_completions=_count(batch.dropped_completions, rejected),
+        dropped_steps=_count(batch.dropped_steps, rejected),
+        stats=stats,
+        completions_from=cursors[0] if isinstance(cursors[0], int) else None,
+        steps_from=cursors[1] if isinstance(cursors[1], int) else None,
+    )
+
+
+def valid(records: Sequence[Any], check: Any, rejected: Counter[str]) -> list:
+    """The records that pass ``check``; each rejected one counted by its reason."""
+    out = []
+    for raw in records:
+        rec = check(raw)
+        if isinstance(rec, str):
+            rejected[rec] += 1
+        else:
+            out.append(rec)
+    return out
+
+
+# --------------------------------------------------------------------------- from the wire
+
+
+class _LooseBatch(msgspec.Struct, kw_only=True):
+    """A :class:`TelemetryBatch` read leniently: records undecoded, scalars unchecked (see :func:`decode_batch`)."""
+
+    wire: int = WIRE_VERSION
+    replica_id: Any = None
+    completions: list[msgspec.Raw] = []
+    steps: list[msgspec.Raw] = []
+    running: list[msgspec.Raw] = []
+    running_total: Any = -1
+    applied_version: Any = 0
+    dropped_completions: Any = 0
+    dropped_steps: Any = 0
+    sent_at: Any = 0.0
+    stats: msgspec.Raw | None = None
+    completions_from: Any = -1
+    steps_from: Any = -1
+
+
+_LOOSE = msgspec.msgpack.Decoder(_LooseBatch)
+
+
+def _reason(exc: msgspec.ValidationError) -> str:
+    message = str(exc)
+    if "Invalid enum value" in message:
+        return "bad_finish_reason"
+    if "missing required field" in message or "of at least length" in message:
+        return "missing_field"
+    return "bad_type"
+
+
+def _decode_each(raws: list[msgspec.Raw], kind: type, rejected: Counter[str]) -> list:
+    out = []
+    for raw in raws:
+        try:
+            out.append(msgspec.msgpack.decode(raw, type=kind))
+        except msgspec.ValidationError as exc:
+            rejected[_reason(exc)] += 1
+        except msgspec.DecodeError:
+            rejected["bad_type"] += 1
+    return out
+
+
+def decode_batch(payload: bytes, rejected: Counter[str]) -> TelemetryBatch:
+    """A batch from the wire, keeping every record that decodes.
+
+    One strict decode is the fast path. If it fails because some records are
+    malformed (a NaN where a count belongs, an unknown finish reason, a short
+    record), the batch is read again leniently: each record on its own, the bad
+    ones counted in ``rejected`` by reason, the good ones kept - one bad record
+    must not cost a replica the rest of its batch.
+
+    Raises:
+        WireError: the envelope itself is unreadable, or of another version.
+    """
+    try:
+        return decode(payload, TelemetryBatch)
+    except WireError as exc:
+        if exc.reason != "bad_batch":
+            raise
+    try:
+        loose = _LOOSE.decode(payload)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise WireError("bad_batch", f"not a TelemetryBatch: {exc}") from None
+    stats = None
+    if loose.stats is not None:
+        try:
+            stats = msgspec.msgpack.decode(loose.stats, type=EngineStats)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            rejected["bad_engine_stats"] += 1
+    return TelemetryBatch(
+        replica_id=loose.replica_id,
+        completions=_decode_each(loose.completions, CompletionRecord, rejected),
+        steps=_decode_each(loose.steps, StepRecord, rejected),
+        running=_decode_each(loose.running, RunningRequest, rejected),
+        running_total=loose.running_total,
+        applied_version=loose.applied_version,
+        dropped_completions=loose.dropped_completions,
+        dropped_steps=loose.dropped_steps,
+        sent_at=loose.sent_at,
+        stats=stats,
+        completions_from=loose.completions_from,
+        steps_from=loose.steps_from,
+    )

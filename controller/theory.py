@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
 
 from scipy.optimize import brentq
@@ -74,7 +74,8 @@ def _non_negative(name: str, value: float) -> float:
     return check_range(name, value, 0.0, _INF, hi_open=True)
 
 
-def _int_at_least(name: str, value: int, lo: int) -> int:
+def int_at_least(name: str, value: int, lo: int) -> int:
+    """``value`` as an int, or ``ValueError`` naming ``name`` unless it is a whole number >= ``lo``."""
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -149,7 +150,7 @@ def delta_theta(theta0: float, p0: float, eta: float, alpha_d: float, beta_d: fl
     eta = _non_negative("eta", eta)
     alpha_d = _positive("alpha_d", alpha_d)
     beta_d = _non_negative("beta_d", beta_d)
-    n = _int_at_least("n", n, 1)
+    n = int_at_least("n", n, 1)
     if eta == 0.0:
         return 0.0
     z = -math.log1p(-t0)
@@ -196,7 +197,7 @@ def theta_star(
 def k_star(theta: float, n: int) -> int:
     """``k = floor(theta * n)``, at least 1 and at most ``n``."""
     theta = check_range("theta", theta, 0.0, 1.0, lo_open=True)
-    n = _int_at_least("n", n, 1)
+    n = int_at_least("n", n, 1)
     # NOTE: the epsilon keeps exact products (0.5 * 10) from flooring one low.
     return max(1, min(n, math.floor(theta * n + 1e-9)))
 
@@ -214,7 +215,7 @@ def _check_n_star_inputs(
         check_range("p0", p0, 0.0, 1.0, lo_open=True),
         _positive("mu_l", mu_l),
         check_range("theta0", theta0, 0.0, 1.0, lo_open=True, hi_open=True),
-        _int_at_least("max_num_seqs", max_num_seqs, 1),
+        int_at_least("max_num_seqs", max_num_seqs, 1),
     )
 
 
@@ -300,8 +301,8 @@ def tp_eb(
     mu_o: float,
 ) -> float:
     """EB(k) throughput in requests/s (fluid limit, seed §3.2.1)."""
-    n = _int_at_least("n", n, 2)
-    k = _int_at_least("k", k, 1)
+    n = int_at_least("n", n, 2)
+    k = int_at_least("k", k, 1)
     if k >= n:
         raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
     alpha_p = _positive("alpha_p", alpha_p)
@@ -313,7 +314,7 @@ def tp_eb(
 
 def tp_mb(n: int, alpha_mb: float, beta_mb_e: float, mu_l: float, mu_o: float) -> float:
     """MB steady-state throughput in requests/s with ``n`` concurrent requests."""
-    n = _int_at_least("n", n, 1)
+    n = int_at_least("n", n, 1)
     alpha_mb = _positive("alpha_mb", alpha_mb)
     beta_mb_e = _non_negative("beta_mb_e", beta_mb_e)
     mu_l = _positive("mu_l", mu_l)
@@ -339,11 +340,6 @@ class Crossover:
     beta_mb_e: float
     beta_eb_w: float
     r_star: float
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["winner"] = self.winner.value
-        return d
 
 
 def crossover(

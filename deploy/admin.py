@@ -14,63 +14,28 @@ Auth: ``Authorization: Bearer <token>`` (constant-time compare) on every
 ``/admin`` route when a token is configured; without one, reads work and
 mutations answer 403. ``/metrics`` is open for Prometheus.
 
-The router talks to the controller through a :class:`ControllerClient`, so the
-same routes serve a Ray actor in production and an in-process
-:class:`~controller.actor.ControllerActor` in tests.
+The router talks to the controller through a typed
+:class:`~ebplus.controller.client.ControllerClient`, so the same routes serve the
+Ray actor in production, the in-process controller of the plain-vLLM plugin, and
+tests.
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import Annotated, Any, Literal, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, TypeVar
 
-from ebplus.controller import exporter
-from ebplus.deploy.auth import Secret, bearer_token
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-CONTROLLER_TIMEOUT_S = 5.0
+from ebplus.controller import exporter
+from ebplus.controller.client import ControllerClient, ControllerUnavailable
+from ebplus.controller.estimator import Estimate
+from ebplus.controller.overrides import Override
+from ebplus.controller.views import ClearResult, Decision, OverrideResult, RecomputeResult, ReplicaView
+from ebplus.deploy.auth import Secret, bearer_token
 
-
-class ControllerUnavailable(Exception):
-    """The controller did not answer (restarting, or gone)."""
-
-
-class ControllerClient(Protocol):
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
-
-
-class LocalControllerClient:
-    """Calls an in-process :class:`~controller.actor.ControllerActor` (tests, simulator)."""
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await getattr(self.actor, method)(*args, **kwargs)
-
-
-class RayControllerClient:
-    """Calls the named controller actor; resolves it lazily so a restart is transparent."""
-
-    def __init__(self, timeout_s: float = CONTROLLER_TIMEOUT_S) -> None:
-        self.timeout_s = timeout_s
-        self._handle: Any = None
-
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        from ebplus.controller.actor import get_controller
-        from ray.exceptions import RayError
-
-        if self._handle is None:
-            self._handle = get_controller()
-            if self._handle is None:
-                raise ControllerUnavailable("controller actor not found")
-        try:
-            ref = getattr(self._handle, method).remote(*args, **kwargs)
-            return await asyncio.wait_for(ref, self.timeout_s)
-        except (TimeoutError, RayError) as exc:
-            self._handle = None  # look it up again next time
-            raise ControllerUnavailable(str(exc)) from None
+T = TypeVar("T")
 
 
 class AdminService:
@@ -81,9 +46,10 @@ class AdminService:
         self.admin_token = admin_token
         self.model_id = model_id
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def call(self, fn: Callable[[ControllerClient], Awaitable[T]]) -> T:
+        """``fn(client)``, or a 503 with ``Retry-After`` when the controller does not answer."""
         try:
-            return await self.client.call(method, *args, **kwargs)
+            return await fn(self.client)
         except ControllerUnavailable as exc:
             raise HTTPException(
                 status_code=503,
@@ -144,30 +110,39 @@ Writer = Annotated[AdminService, Depends(write_access)]
 # schemas
 
 
-class ReplicaThresholds(BaseModel):
-    mode: str = Field(description="Configured mode: mb | eb | v0 | auto.")
-    active: str = Field(description="Policy the replica runs: mb or eb.")
-    k: int = Field(description="EB threshold.")
-    n: int = Field(description="Cap on running requests.")
-    theta0: float | None = Field(description="CFR threshold fraction (eq. 3); null before the first estimate.")
-    delta_theta: float | None = Field(description="IFR correction (eq. 5), clamped.")
-    theta_star: float | None = Field(description="theta0 + Delta theta, clamped.")
-    version: int = Field(description="Version the controller publishes.")
-    applied_version: int = Field(description="Version the replica reports applied (-1: none yet).")
-    updated_at: float = Field(description="Unix time of the last decision for this replica.")
-    device: str = Field(description="Accelerator the replica reported.")
-    reason: str | None = Field(description="Why the last EB/MB decision came out as it did.")
-
-
 class ThresholdsResponse(BaseModel):
-    version: int
-    replicas: dict[str, ReplicaThresholds]
-    overrides: dict[str, dict]
+    version: int = Field(description="The controller's current decision version.")
+    replicas: dict[str, ReplicaView] = Field(description="Per replica: thresholds, their inputs and the engine.")
+    overrides: dict[str, Override] = Field(description="Operator overrides in force, by replica id or '*'.")
+
+
+class FleetEstimate(BaseModel):
+    estimate: Estimate | None = Field(description="The latest workload estimate; null before the first.")
+    updates: int = Field(description="Re-estimations so far.")
+    completions: int = Field(description="Completions observed so far.")
+
+
+class ReplicaCost(BaseModel):
+    cost_model: Any = Field(description="The cost model its last plan used.")
+    cost_fitted: list[str] = Field(description="Which parts came from its own steps.")
+    concurrency: float | None
+    kv_capacity_tokens: int
+    device: str
 
 
 class EstimatesResponse(BaseModel):
-    fleet: dict = Field(description="p0, eta, mu_l, mu_o, n_samples, updates, fit method and range.")
-    replicas: dict[str, dict] = Field(description="Per replica: fitted cost model, which parts came from data.")
+    fleet: FleetEstimate
+    replicas: dict[str, ReplicaCost] = Field(description="Per replica: fitted cost model, which parts came from data.")
+
+
+class HistoryResponse(BaseModel):
+    decisions: list[Decision] = Field(description="The newest decisions, oldest first.")
+
+
+class HealthResponse(BaseModel):
+    status: str
+    controller: bool = Field(description="Whether the controller answered (serving does not need it).")
+    version: int | None
 
 
 class OverrideRequest(BaseModel):
@@ -176,7 +151,7 @@ class OverrideRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     replica: str = Field(min_length=1, description='Replica id, or "*" for the whole fleet.')
-    mode: Literal["mb", "eb", "v0", "auto"] | None = None
+    mode: Literal["mb", "eb", "v0", "auto", "shadow"] | None = None
     k: int | None = Field(None, ge=1, description="EB threshold, 1 <= k <= N.")
     n: int | None = Field(None, ge=1, description="Cap on running requests; above the KV-safe N* needs force.")
     ttl_s: float | None = Field(None, gt=0, le=30 * 86400, description="Seconds until the override expires.")
@@ -194,79 +169,76 @@ router = APIRouter()
 
 
 @router.get("/admin/thresholds", response_model=ThresholdsResponse, tags=["admin"])
-async def thresholds(service: Reader) -> dict:
+async def thresholds(service: Reader) -> ThresholdsResponse:
     """Current thresholds of every replica, and the overrides in force."""
-    snap = await service.call("snapshot")
-    return {"version": snap["version"], "replicas": snap["replicas"], "overrides": snap["overrides"]}
+    snap = await service.call(lambda c: c.snapshot())
+    return ThresholdsResponse(version=snap.version, replicas=snap.replicas, overrides=snap.overrides)
 
 
 @router.get("/admin/estimates", response_model=EstimatesResponse, tags=["admin"])
-async def estimates(service: Reader) -> dict:
+async def estimates(service: Reader) -> EstimatesResponse:
     """The fleet's workload estimate and each replica's cost model."""
-    snap = await service.call("snapshot")
-    fleet = {**(snap["estimate"] or {}), "updates": snap["updates"], "completions": snap["completions"]}
-    for key in ("p0", "eta", "mu_l", "mu_o", "n_samples"):
-        fleet.setdefault(key, None)
+    snap = await service.call(lambda c: c.snapshot())
+    fleet = FleetEstimate(estimate=snap.estimate, updates=snap.updates, completions=snap.completions)
     replicas = {
-        rid: {
-            "cost_model": r["cost_model"],
-            "cost_fitted": r["cost_fitted"],
-            "concurrency": r["concurrency"],
-            "kv_capacity_tokens": r["kv_capacity_tokens"],
-            "device": r["device"],
-        }
-        for rid, r in snap["replicas"].items()
+        rid: ReplicaCost(
+            cost_model=r.cost_model,
+            cost_fitted=r.cost_fitted,
+            concurrency=r.concurrency,
+            kv_capacity_tokens=r.kv_capacity_tokens,
+            device=r.device,
+        )
+        for rid, r in snap.replicas.items()
     }
-    return {"fleet": fleet, "replicas": replicas}
+    return EstimatesResponse(fleet=fleet, replicas=replicas)
 
 
-@router.get("/admin/history", tags=["admin"])
-async def history(service: Reader, limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> dict:
+@router.get("/admin/history", response_model=HistoryResponse, tags=["admin"])
+async def history(service: Reader, limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> HistoryResponse:
     """The newest decisions (inputs -> outputs), oldest first."""
-    return {"decisions": await service.call("history", limit)}
+    return HistoryResponse(decisions=await service.call(lambda c: c.history(limit)))
 
 
-@router.put("/admin/overrides", tags=["admin"])
-async def put_override(body: OverrideRequest, service: Writer) -> dict:
+@router.put("/admin/overrides", response_model=OverrideResult, tags=["admin"])
+async def put_override(body: OverrideRequest, service: Writer) -> OverrideResult:
     """Pin mode/k/N for a replica or the fleet. Invalid combinations answer 422 naming the field."""
-    result = await service.call(
-        "set_override", body.replica, mode=body.mode, k=body.k, n=body.n, ttl_s=body.ttl_s, force=body.force
-    )
-    if "error" in result:
-        raise _unprocessable(result["error"], result["message"])
+    fields = body.model_dump(exclude={"replica"})
+    result = await service.call(lambda c: c.set_override(body.replica, **fields))
+    if result.error is not None:
+        raise _unprocessable(result.error, result.message or "invalid")
     return result
 
 
-@router.delete("/admin/overrides/{replica}", tags=["admin"])
-async def delete_override(replica: str, service: Writer) -> dict:
+@router.delete("/admin/overrides/{replica}", response_model=ClearResult, tags=["admin"])
+async def delete_override(replica: str, service: Writer) -> ClearResult:
     """Remove the override of a replica (or ``*``)."""
-    result = await service.call("clear_override", replica)
-    if not result["removed"]:
+    result = await service.call(lambda c: c.clear_override(replica))
+    if not result.removed:
         raise HTTPException(status_code=404, detail=f"no override for {replica!r}")
     return result
 
 
-@router.post("/admin/recompute", tags=["admin"])
-async def recompute(service: Writer) -> dict:
+@router.post("/admin/recompute", response_model=RecomputeResult, tags=["admin"])
+async def recompute(service: Writer) -> RecomputeResult:
     """Re-estimate the workload and re-plan every replica now."""
-    return await service.call("recompute")
+    return await service.call(lambda c: c.recompute())
 
 
 @router.get("/metrics", tags=["observability"], response_class=Response)
 async def metrics(service: Service) -> Response:
     """Prometheus metrics (``ebplus_*``); ``ebplus_controller_up 0`` while the controller is away."""
     try:
-        snap = await service.client.call("snapshot")
+        snap = await service.client.snapshot()
     except ControllerUnavailable:
         snap = None
     return Response(exporter.render(snap, service.model_id), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-@router.get("/health", tags=["observability"])
-async def health(service: Service) -> dict:
+@router.get("/health", response_model=HealthResponse, tags=["observability"])
+async def health(service: Service) -> HealthResponse:
     """Liveness of the HTTP layer, and whether the controller answers (serving does not need it)."""
     try:
-        ping = await service.client.call("ping")
+        ping = await service.client.ping()
     except ControllerUnavailable:
         ping = None
-    return {"status": "ok", "controller": ping is not None, "version": None if ping is None else ping["version"]}
+    return HealthResponse(status="ok", controller=ping is not None, version=None if ping is None else ping.version)

@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ebplus.controller import theory
 from ebplus.deploy.config import ServeConfig, parse_config
+from ebplus.replicas import settings
+from ebplus.replicas.settings import SCHEDULER_CLS
 
-SCHEDULER_CLS = "ebplus.replicas.scheduler.EBPlusScheduler"
 APP_NAME = "ebplus"
 
 
@@ -53,19 +53,23 @@ def request_limits(cfg: ServeConfig) -> dict[str, str]:
 
 
 def engine_env(cfg: ServeConfig) -> dict[str, str]:
-    """Environment of the replica processes (vLLM's and the scheduler's start-up settings)."""
-    env = {"EBPLUS_MODE": cfg.scheduler.mode.value, **request_limits(cfg)}
-    n = cfg.scheduler.n or cfg.engine.max_num_seqs
-    # k before the controller's first reply: the configured cold theta, as the controller's own cold plan
-    k = cfg.scheduler.k or theory.k_star(cfg.controller.planner.theta_cold, n)
-    env["EBPLUS_K"] = str(k)
-    if cfg.scheduler.n is not None:
-        env["EBPLUS_N"] = str(cfg.scheduler.n)
+    """Environment of the replica processes: vLLM's start-up settings (ours travel in ``additional_config``)."""
+    env = request_limits(cfg)
     if cfg.engine.cpu_kv_cache_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.engine.cpu_kv_cache_gib:g}"
     # NOTE: secrets (auth.*_env) are not copied here: each process reads its own
     # environment, so tokens never travel inside the application's definition.
     return env
+
+
+def engine_kwargs(cfg: ServeConfig) -> dict[str, Any]:
+    """vLLM engine arguments of a replica: the config's, our scheduler, and its settings."""
+    sections = {"scheduler": cfg.scheduler, "controller": cfg.controller}
+    return {
+        **cfg.engine.engine_kwargs(),
+        "scheduler_cls": SCHEDULER_CLS,
+        "additional_config": settings.additional_config(sections),
+    }
 
 
 def llm_config(cfg: ServeConfig, model_source: str) -> Any:
@@ -75,7 +79,7 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
     rep = cfg.replicas
     kwargs: dict[str, Any] = {
         "model_loading_config": {"model_id": cfg.model.id, "model_source": model_source},
-        "engine_kwargs": {**cfg.engine.engine_kwargs(), "scheduler_cls": SCHEDULER_CLS},
+        "engine_kwargs": engine_kwargs(cfg),
         "deployment_config": {
             "num_replicas": rep.num_replicas,
             "max_ongoing_requests": rep.max_ongoing_requests,
@@ -92,44 +96,28 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
     return LLMConfig(**kwargs)
 
 
-def replica_settings(cfg: ServeConfig) -> dict[str, Any]:
-    """What our ``LLMServer`` subclass needs beyond the LLMConfig (bound as ``ebplus=``)."""
-    return {
-        "replicas": cfg.replicas.model_dump(mode="json"),
-        "scheduler": cfg.scheduler.model_dump(mode="json"),
-        "max_num_seqs": cfg.engine.max_num_seqs,
-    }
-
-
 def start_controller_for(cfg: ServeConfig):
     """Create (or find) the controller actor this deployment reports to."""
     from ebplus.controller.actor import start_controller
-    from ebplus.controller.fleet import ControllerConfig
 
-    c = cfg.controller
-    return start_controller(
-        config=c.model_dump(mode="json", include=set(ControllerConfig.model_fields)),
-        state_dir=c.state_dir,
-        stale_replica_s=c.stale_replica_s,
-        persist_every_s=c.persist_every_s,
-        max_restarts=c.max_restarts,
-    )
+    return start_controller(cfg.controller)
 
 
 def build(cfg: ServeConfig, model_source: str | None = None):
     """The Serve application for a validated config."""
-    from ebplus.deploy.ingress import EBPlusIngress, ingress_class
-    from ebplus.replicas.server import EBPlusServer
     from ray import serve
     from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
     from ray.serve.llm import build_llm_deployment
 
+    from ebplus.deploy.ingress import EBPlusIngress, ingress_class
+    from ebplus.replicas.server import EBPlusServer
+
     start_controller_for(cfg)
     llm = llm_config(cfg, model_source or model_path(cfg))
     replicas = build_llm_deployment(
-        llm, deployment_cls=EBPlusServer, bind_kwargs={"ebplus": replica_settings(cfg)}
+        llm, deployment_cls=EBPlusServer, bind_kwargs={"replicas": cfg.replicas, "mode": cfg.scheduler.mode}
     )
-    auth = cfg.auth.model_dump(mode="json")
+    auth = cfg.auth
     options = EBPlusIngress.get_deployment_options([llm])
     options.update(
         name="EBPlusIngress",

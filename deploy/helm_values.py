@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from ebplus.deploy.config import ServeConfig
 from pydantic import BaseModel, ConfigDict, Field
+
+from ebplus.deploy.config import ServeConfig
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "helm" / "ebplus" / "values.schema.json"
 

@@ -12,10 +12,6 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ebplus.deploy import admin
-from ebplus.deploy.admin import AdminService, RayControllerClient
-from ebplus.deploy.auth import load_secret
-from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit, ErrorResponses, JsonBodyGuard
 from fastapi import FastAPI, Request, Response
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -24,6 +20,14 @@ from ray.exceptions import RayActorError
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ErrorInfo, ErrorResponse
 from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, OpenAiIngress, init, make_fastapi_ingress
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
+
+from ebplus.controller.actor import RayTransport
+from ebplus.controller.client import ControllerClient
+from ebplus.deploy import admin
+from ebplus.deploy.admin import AdminService
+from ebplus.deploy.auth import load_secret
+from ebplus.deploy.config import AuthSection
+from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit, ErrorResponses, JsonBodyGuard
 
 logger = logging.getLogger("ray.serve.ebplus")
 
@@ -46,13 +50,13 @@ class EBPlusIngress(OpenAiIngress):
         llm_deployments: dict[str, Any],
         model_cards: dict[str, Any],
         *,
-        auth: dict,
+        auth: AuthSection,
         model_id: str,
         lora_paths: dict[str, str] | None = None,
     ) -> None:
         super().__init__(llm_deployments, model_cards, lora_paths=lora_paths)
-        admin_token = load_secret(auth["admin_token_env"], auth.get("admin_token_file"))
-        admin.install_service(AdminService(RayControllerClient(), admin_token, model_id))
+        admin_token = load_secret(auth.admin_token_env, auth.admin_token_file)
+        admin.install_service(AdminService(ControllerClient(RayTransport()), admin_token, model_id))
 
     async def _get_response(self, **kwargs: Any) -> AsyncGenerator[Any, None]:
         """The model's answer stream; a replica that dies under a request becomes a 503, not a 500.
@@ -144,7 +148,7 @@ def install_body_crash_handlers(app: FastAPI) -> None:
         app.add_exception_handler(exc_type, body_crash)
 
 
-def make_app(max_body_bytes: int, auth: dict) -> FastAPI:
+def make_app(max_body_bytes: int, auth: AuthSection) -> FastAPI:
     """The FastAPI app behind the ingress: Ray's OpenAI app, our routes, our guards.
 
     Secrets are loaded in the serving process on first use (see ``ApiKeyGuard``),
@@ -163,7 +167,7 @@ def make_app(max_body_bytes: int, auth: dict) -> FastAPI:
 
     app.add_exception_handler(RequestValidationError, validation_error)
     install_body_crash_handlers(app)
-    env, path = auth["api_key_env"], auth.get("api_key_file")
+    env, path = auth.api_key_env, auth.api_key_file
     # middleware runs last-added first: error answers wrap everything, the body limit
     # guards the rest, then the key, then the body's encoding (only for callers with a key)
     app.add_middleware(JsonBodyGuard)
@@ -173,6 +177,6 @@ def make_app(max_body_bytes: int, auth: dict) -> FastAPI:
     return app
 
 
-def ingress_class(max_body_bytes: int, auth: dict) -> type:
+def ingress_class(max_body_bytes: int, auth: AuthSection) -> type:
     """The Serve ingress class (``@serve.ingress`` applied) with OpenAI and admin routes."""
     return make_fastapi_ingress(EBPlusIngress, endpoint_map=OPENAI_ENDPOINTS, app=make_app(max_body_bytes, auth))

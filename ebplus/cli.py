@@ -19,7 +19,7 @@ COMMANDS: dict[str, str] = {
     "estimate": "ebplus.controller.cli",
     "simulate": "ebplus.bench.cli",
     "bench-sim": "ebplus.bench.cli",
-    "profile": "ebplus.replicas.cli",
+    "profile": "ebplus.bench.profile",
     "serve": "ebplus.deploy.cli",
     "build-model": "ebplus.deploy.cli",
 }

@@ -1,61 +1,62 @@
-"""The replica process's channel to the EB+ scheduler inside vLLM's engine core.
+"""The replica's channel to the EB+ scheduler inside vLLM's engine core.
 
 vLLM runs the scheduler in the engine-core process (a separate process under
-``AsyncLLM``). The engine core answers "utility" calls by method name;
-``replicas/scheduler.py`` registers one, :data:`UTILITY`, that forwards to the
-scheduler's ``ebplus_*`` methods. The call is asynchronous and served between
+``AsyncLLM``, or in-process for an ``LLM`` with
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``). The engine core answers "utility" calls by
+method name; ``replicas/scheduler.py`` registers one, :data:`UTILITY`, that
+forwards to the scheduler's ``ebplus_*`` methods. The call is served between
 engine steps, so neither side blocks the other.
 
-Contract of the scheduler methods (plain data only: it crosses a msgpack IPC):
+Contract of the scheduler methods (arguments and results are msgpack bytes of
+:mod:`ebplus.controller.messages`, the codec every hop uses):
 
-* ``ebplus_apply(update: dict) -> dict`` — install ``{mode, active, k, n, version}``
-  for the next step; returns what is applied (same keys).
-* ``ebplus_applied() -> dict`` — the applied thresholds.
-* ``ebplus_drain() -> dict`` — telemetry since the last drain: ``completions``
-  (``[prompt_len, output_len, finish]`` rows), ``steps`` (``[prefill_tokens,
-  decode_tokens, running, waiting, seconds, phase, kv_tokens]`` rows; six-field rows
-  from an older scheduler read ``kv_tokens = 0``), ``dropped_completions``,
-  ``dropped_steps``, cumulative ``stats`` (``steps_<phase>``, ``phase_switches``,
-  ``kv_backoffs``, ``preemptions``), and the engine's facts ``kv_capacity_tokens``,
-  ``max_num_seqs``, ``device``.
+* ``ebplus_apply(ThresholdUpdate) -> ThresholdUpdate`` - install thresholds for the
+  next step (``n`` clamped to the start-up ``max_num_seqs``, ``k`` to ``n``); returns
+  what is applied.
+* ``ebplus_applied() -> ThresholdUpdate`` - the applied thresholds.
+* ``ebplus_drain() -> DrainReport`` - telemetry since the last drain, a sample of
+  the running requests, cumulative counters and the engine's facts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord
+from ebplus.controller.messages import DrainReport, ThresholdUpdate, decode, encode
 
 UTILITY = "ebplus_call"
 
 
-def to_completion(record: tuple) -> CompletionRecord:
-    """A ``completions`` row of ``ebplus_drain()`` as the controller's record."""
-    prompt_len, output_len, finish = record
-    return CompletionRecord(int(prompt_len), int(output_len), FinishReason(finish))
-
-
-def to_step(record: tuple) -> StepRecord:
-    """A ``steps`` row of ``ebplus_drain()`` as the controller's record (rows without KV tokens read 0)."""
-    prefill, decode, running, waiting, seconds, phase, *kv = record
-    kv_tokens = int(kv[0]) if kv else 0
-    return StepRecord(int(prefill), int(decode), int(running), int(waiting), float(seconds), str(phase), kv_tokens)
-
-
 class EngineControl:
-    """Async client of the scheduler's ``ebplus_*`` methods through an ``AsyncLLM``."""
+    """Async client of the scheduler's ``ebplus_*`` methods through an ``AsyncLLM``'s engine client."""
 
-    def __init__(self, async_llm: Any) -> None:
-        self._core = async_llm.engine_core
+    def __init__(self, engine_client: Any) -> None:
+        self._core = engine_client.engine_core
 
-    async def _call(self, method: str, *args: Any) -> Any:
+    async def _call(self, method: str, *args: Any) -> bytes:
         return await self._core.call_utility_async(UTILITY, method, list(args))
 
-    async def apply(self, update: dict) -> dict:
-        return await self._call("ebplus_apply", update)
+    async def apply(self, update: ThresholdUpdate) -> ThresholdUpdate:
+        return decode(await self._call("ebplus_apply", encode(update)), ThresholdUpdate)
 
-    async def applied(self) -> dict:
-        return await self._call("ebplus_applied")
+    async def applied(self) -> ThresholdUpdate:
+        return decode(await self._call("ebplus_applied"), ThresholdUpdate)
 
-    async def drain(self) -> dict:
-        return await self._call("ebplus_drain")
+    async def drain(self) -> DrainReport:
+        return decode(await self._call("ebplus_drain"), DrainReport)
+
+
+class LocalEngineControl:
+    """The same calls on a scheduler in this process (``vllm.LLM`` with the engine core in-process)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def apply(self, update: ThresholdUpdate) -> ThresholdUpdate:
+        return decode(self.scheduler.ebplus_apply(encode(update)), ThresholdUpdate)
+
+    def applied(self) -> ThresholdUpdate:
+        return decode(self.scheduler.ebplus_applied(), ThresholdUpdate)
+
+    def drain(self) -> DrainReport:
+        return decode(self.scheduler.ebplus_drain(), DrainReport)

@@ -26,7 +26,8 @@ Policies:
   the queue never reaches ``k``) would wait until the whole batch finished -
   a stall of one full output length with most slots free.
 * ``V0``: EB with ``k = 1`` (prefill-first).
-* ``AUTO`` (EB+): ``EB`` or ``MB`` as the controller chose (``ThresholdUpdate.active``).
+* ``AUTO`` (EB+): ``EB`` or ``MB`` as the controller chose (``ThresholdUpdate.active``);
+  ``SHADOW`` always runs ``MB`` (the controller's choice is only published).
 
 KV shortage (EB only; MB steps always carry the decodes, so a failed admission
 costs nothing there):
@@ -45,83 +46,9 @@ Without either, a prefill phase under KV pressure alternates with empty steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import dataclass, field
 
-
-class Mode(StrEnum):
-    """How a replica batches.
-
-    ``MB``: mixed batching, vLLM v1's default. ``EB``: exclusive batching with
-    threshold ``k``. ``V0``: prefill-first, i.e. EB with ``k = 1``. ``AUTO``: EB+,
-    EB or MB as chosen by the control plane (``ThresholdUpdate.active``).
-    """
-
-    MB = "mb"
-    EB = "eb"
-    V0 = "v0"
-    AUTO = "auto"
-
-
-@dataclass(frozen=True)
-class ThresholdUpdate:
-    """What the controller tells a replica, and what the replica reports as applied.
-
-    ``mode`` is the configured mode; ``active`` the policy actually run (``MB`` or
-    ``EB``): for ``AUTO`` the controller's current choice, otherwise implied by
-    ``mode``. ``n`` caps concurrently running requests; ``k`` is the EB threshold
-    (prefill once ``k`` requests can be admitted). ``version`` increases with each
-    controller decision so replicas can report which one they run.
-    """
-
-    mode: Mode
-    k: int
-    n: int
-    version: int = 0
-    active: Mode = Mode.MB
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.mode, Mode):
-            object.__setattr__(self, "mode", Mode(self.mode))
-        if not isinstance(self.active, Mode):
-            object.__setattr__(self, "active", Mode(self.active))
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.n:
-            raise ValueError(f"k must be an integer in [1, n={self.n}], got {self.k!r}")
-        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
-            raise ValueError(f"version must be an integer >= 0, got {self.version!r}")
-        if self.active not in (Mode.MB, Mode.EB):
-            raise ValueError(f"active must be 'mb' or 'eb', got {self.active.value!r}")
-        implied = {Mode.MB: Mode.MB, Mode.EB: Mode.EB, Mode.V0: Mode.EB}.get(self.mode)
-        if implied is not None and self.active is not implied:
-            object.__setattr__(self, "active", implied)
-
-    @property
-    def effective_k(self) -> int:
-        """The threshold the phase machine uses: 1 in ``V0`` mode."""
-        return 1 if self.mode is Mode.V0 else self.k
-
-    def with_version(self, version: int) -> ThresholdUpdate:
-        return replace(self, version=version)
-
-    def as_dict(self) -> dict:
-        return {
-            "mode": self.mode.value,
-            "active": self.active.value,
-            "k": self.k,
-            "n": self.n,
-            "version": self.version,
-        }
-
-
-class Phase(StrEnum):
-    """What a step contains."""
-
-    PREFILL = "prefill"  # prompt tokens only
-    DECODE = "decode"  # decode tokens only
-    MIXED = "mixed"  # both (MB)
-    IDLE = "idle"  # nothing to do
+from ebplus.controller.messages import Mode, StepKind, ThresholdUpdate
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +84,7 @@ class StepPlan:
         max_admit: how many waiting requests may start this step.
     """
 
-    phase: Phase
+    phase: StepKind
     decode: bool
     prefill: bool
     max_admit: int
@@ -167,7 +94,7 @@ class StepPlan:
 class PhaseStats:
     """Counters the exporter turns into metrics (never reset; exporters take deltas)."""
 
-    steps: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(Phase, 0))
+    steps: dict[StepKind, int] = field(default_factory=lambda: dict.fromkeys(StepKind, 0))
     phase_switches: int = 0
     prefill_phases: int = 0
     kv_backoffs: int = 0
@@ -182,7 +109,7 @@ class PhaseMachine:
 
     def __init__(self, thresholds: ThresholdUpdate) -> None:
         self.thresholds = thresholds
-        self.phase = Phase.DECODE  # the EB phase; MB steps do not change it
+        self.phase = StepKind.DECODE  # the EB phase; MB steps do not change it
         self.stats = PhaseStats()
         self._blocked_at: int | None = None  # running count when admission last failed
         self._last: StepPlan | None = None
@@ -212,32 +139,32 @@ class PhaseMachine:
     def _mixed(self, view: EngineView, room: int) -> StepPlan:
         can_prefill = view.prefilling > 0 or (view.waiting > 0 and room > 0)
         if view.decoding > 0 and can_prefill:
-            phase = Phase.MIXED
+            phase = StepKind.MIXED
         elif view.decoding > 0:
-            phase = Phase.DECODE
+            phase = StepKind.DECODE
         elif can_prefill:
-            phase = Phase.PREFILL
+            phase = StepKind.PREFILL
         else:
-            phase = Phase.IDLE
+            phase = StepKind.IDLE
         return StepPlan(phase, decode=True, prefill=True, max_admit=room)
 
     def _exclusive(self, view: EngineView, room: int, blocked: bool, k: int) -> StepPlan:
         admissible = 0 if blocked else min(view.waiting, room)
         freed = 0 if self._refilled_to is None else self._refilled_to - view.running
-        if self.phase is Phase.PREFILL:
+        if self.phase is StepKind.PREFILL:
             if view.prefilling == 0 and admissible == 0:
-                self._switch(Phase.DECODE)
+                self._switch(StepKind.DECODE)
                 self._refilled_to = view.running
         elif view.prefilling > 0 or admissible >= k or (admissible > 0 and (view.decoding == 0 or freed >= k)):
-            self._switch(Phase.PREFILL)
+            self._switch(StepKind.PREFILL)
             self.stats.prefill_phases += 1
-        if self.phase is Phase.PREFILL:
-            return StepPlan(Phase.PREFILL, decode=False, prefill=True, max_admit=admissible)
+        if self.phase is StepKind.PREFILL:
+            return StepPlan(StepKind.PREFILL, decode=False, prefill=True, max_admit=admissible)
         if view.decoding > 0:
-            return StepPlan(Phase.DECODE, decode=True, prefill=False, max_admit=0)
-        return StepPlan(Phase.IDLE, decode=False, prefill=False, max_admit=0)
+            return StepPlan(StepKind.DECODE, decode=True, prefill=False, max_admit=0)
+        return StepPlan(StepKind.IDLE, decode=False, prefill=False, max_admit=0)
 
-    def _switch(self, phase: Phase) -> None:
+    def _switch(self, phase: StepKind) -> None:
         if phase is not self.phase:
             self.phase = phase
             self.stats.phase_switches += 1
@@ -251,10 +178,10 @@ class PhaseMachine:
         back-off because they always carry the decodes.
         """
         plan = self._last
-        if plan is None or plan.phase is not Phase.PREFILL or plan.decode:
+        if plan is None or plan.phase is not StepKind.PREFILL or plan.decode:
             return
         if admitted == 0 and prefill_tokens == 0:
             self._blocked_at = running_after
             self.stats.kv_backoffs += 1
-            self._switch(Phase.DECODE)
+            self._switch(StepKind.DECODE)
             self._refilled_to = running_after

@@ -9,15 +9,16 @@ own step timings, so the prior only has to be in the right range.
 from __future__ import annotations
 
 from ebplus.controller.cost_model import CostModel, resolve_profile
+from ebplus.replicas.config import ReplicaSection
 
 
-def profile_for_device(replica_settings: dict, device: str) -> str:
+def profile_for_device(section: ReplicaSection, device: str) -> str:
     """The profile name or path for a device name (longest matching substring wins)."""
-    matches = [key for key in replica_settings.get("profiles", {}) if key.lower() in device.lower()]
+    matches = [key for key in section.profiles if key.lower() in device.lower()]
     if matches:
-        return replica_settings["profiles"][max(matches, key=len)]
-    return replica_settings["profile"]
+        return section.profiles[max(matches, key=len)]
+    return section.profile
 
 
-def prior_for_device(replica_settings: dict, device: str) -> CostModel:
-    return resolve_profile(profile_for_device(replica_settings, device)).cost_model()
+def prior_for_device(section: ReplicaSection, device: str) -> CostModel:
+    return resolve_profile(profile_for_device(section, device)).cost_model()

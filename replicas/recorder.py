@@ -1,23 +1,20 @@
-"""The scheduler's telemetry: bounded buffers of step and completion rows, and counters.
+"""The scheduler's telemetry: bounded buffers of step and completion records, and counters.
 
 Pure Python (no vLLM import) so it is unit-tested without an engine. The
 scheduler subclass calls :meth:`TelemetryRecorder.scheduled` right after each
 ``schedule()``, :meth:`~TelemetryRecorder.updated` at the start of each
 ``update_from_output()`` and :meth:`~TelemetryRecorder.finished` for every
-request that leaves the engine; the replica process takes everything since the
-last call with :meth:`~TelemetryRecorder.drain` (an engine-core utility call).
+request that leaves the engine; the replica takes everything since the last
+call as one :class:`~ebplus.controller.messages.DrainReport` (an engine-core
+utility call, :mod:`ebplus.replicas.control`).
 
-Rows are lists, not tuples or dataclasses: they cross vLLM's msgpack IPC.
-
-* step rows: ``[prefill_tokens, decode_tokens, running, waiting, seconds, kind, kv_tokens]``,
-  ``running``/``waiting`` right after the step was scheduled (requests holding a
-  slot during the step, and the queue left behind), ``kind`` one of
-  ``prefill``/``decode``/``mixed`` from the tokens actually scheduled,
-  ``kv_tokens`` the KV the step's decodes read (their summed context). Steps that
-  schedule nothing produce no row (they are counted as ``steps_idle``, and as
-  ``steps_empty_busy`` when requests were running or waiting).
-* completion rows: ``[prompt_len, output_len, finish]`` with ``finish`` a
-  :class:`controller.telemetry.FinishReason` value.
+Records are the wire types of :mod:`ebplus.controller.messages`: a
+:class:`StepRecord` per step that scheduled something (``running``/``waiting``
+right after the step was scheduled: requests holding a slot during the step,
+and the queue left behind; ``kv_tokens`` the KV the step's decodes read), a
+:class:`CompletionRecord` per request that left. Steps that schedule nothing
+produce no record (they are counted as ``steps_idle``, and as
+``steps_empty_busy`` when requests were running or waiting).
 
 Step timing. A step's seconds are measured from the end of ``schedule()`` to
 the start of ``update_from_output()`` for the same output, i.e. the model
@@ -29,53 +26,42 @@ is called once per ``schedule()`` in FIFO order on both paths. The first
 pay lazy initialisation (seconds on a CPU) and would only be outliers for the
 controller's fit; they are counted as ``steps_warmup``.
 
-Buffers are bounded deques: when full, the oldest row is dropped and counted
+Buffers are bounded deques: when full, the oldest record is dropped and counted
 (``dropped_steps``/``dropped_completions`` in the next drain).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-#: Counters reported in every drain, in this order (never reset: exporters take deltas).
-COUNTERS = (
-    "steps_prefill",
-    "steps_decode",
-    "steps_mixed",
-    "steps_idle",
-    "steps_empty_busy",
-    "steps_warmup",
-    "preemptions",
-    "schedule_seconds",
-    "overhead_seconds",
+from ebplus.controller.messages import (
+    CompletionRecord,
+    DrainReport,
+    EngineFacts,
+    EngineStats,
+    RunningRequest,
+    StepKind,
+    StepRecord,
+    ThresholdUpdate,
 )
-
-
-def step_kind(prefill_tokens: int, decode_tokens: int) -> str:
-    """``prefill``, ``decode``, ``mixed`` or ``idle`` from the tokens a step scheduled."""
-    if prefill_tokens and decode_tokens:
-        return "mixed"
-    if prefill_tokens:
-        return "prefill"
-    return "decode" if decode_tokens else "idle"
 
 
 @dataclass(slots=True)
 class _Pending:
     key: object
     t_exit: float
-    row: list | None  # None: an empty step (timed only to keep the FIFO aligned)
+    step: tuple[int, int, int, int, int] | None  # (prefill, decode, running, waiting, kv); None: empty step
 
 
 class TelemetryRecorder:
     """Bounded telemetry buffers plus cumulative counters.
 
     Args:
-        capacity: rows kept per kind between drains.
-        warmup_steps: timed (non-empty) steps at the start whose rows are withheld.
+        capacity: records kept per kind between drains.
+        warmup_steps: timed (non-empty) steps at the start whose records are withheld.
         clock: monotonic seconds; injected in tests.
     """
 
@@ -83,11 +69,12 @@ class TelemetryRecorder:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.clock = clock
-        self.steps: deque[list] = deque(maxlen=capacity)
-        self.completions: deque[list] = deque(maxlen=capacity)
+        self.steps: deque[StepRecord] = deque(maxlen=capacity)
+        self.completions: deque[CompletionRecord] = deque(maxlen=capacity)
         self.dropped_steps = 0
         self.dropped_completions = 0
-        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+        #: cumulative counters, by :class:`EngineStats` field name
+        self.counters: Counter[str] = Counter()
         self._warmup_left = warmup_steps
         self._pending: deque[_Pending] = deque()
         self._last_update = float("-inf")
@@ -104,19 +91,19 @@ class TelemetryRecorder:
         preempted: int,
         t_exit: float,
         kv_tokens: int = 0,
-    ) -> str:
+    ) -> StepKind:
         """One ``schedule()`` returned (``key`` identifies its output); returns the step kind.
 
         ``kv_tokens``: the KV tokens the step's decodes read (their summed context).
         """
-        kind = step_kind(prefill_tokens, decode_tokens)
+        kind = StepKind.of(prefill_tokens, decode_tokens)
         c = self.counters
-        c[f"steps_{kind}"] += 1
+        c[f"steps_{kind.value}"] += 1
         c["preemptions"] += preempted
-        if kind == "idle" and running + waiting > 0:
+        if kind is StepKind.IDLE and running + waiting > 0:
             c["steps_empty_busy"] += 1
-        row = None if kind == "idle" else [prefill_tokens, decode_tokens, running, waiting, 0.0, kind, kv_tokens]
-        self._pending.append(_Pending(key, t_exit, row))
+        step = None if kind is StepKind.IDLE else (prefill_tokens, decode_tokens, running, waiting, kv_tokens)
+        self._pending.append(_Pending(key, t_exit, step))
         return kind
 
     def updated(self, key: object) -> None:
@@ -130,37 +117,56 @@ class TelemetryRecorder:
         pending = self._pending.popleft()
         start = max(pending.t_exit, self._last_update)
         self._last_update = now
-        if pending.row is None:
+        if pending.step is None:
             return
         if self._warmup_left > 0:
             self._warmup_left -= 1
             self.counters["steps_warmup"] += 1
             return
-        pending.row[4] = max(now - start, 1e-9)
-        self._append(self.steps, pending.row, "dropped_steps")
+        prefill, decode, running, waiting, kv = pending.step
+        record = StepRecord(prefill, decode, running, waiting, max(now - start, 1e-9), kv)
+        self.dropped_steps += self._append(self.steps, record)
 
-    def finished(self, prompt_len: int, output_len: int, finish: str) -> None:
+    def finished(self, record: CompletionRecord) -> None:
         """A request left the engine (natural stop, length cap, abort or error)."""
-        self._append(self.completions, [prompt_len, output_len, finish], "dropped_completions")
+        self.dropped_completions += self._append(self.completions, record)
 
-    def _append(self, buf: deque, row: list, dropped: str) -> None:
-        if len(buf) == buf.maxlen:
-            setattr(self, dropped, getattr(self, dropped) + 1)
-        buf.append(row)
+    @staticmethod
+    def _append(buf: deque, record: object) -> int:
+        full = len(buf) == buf.maxlen
+        buf.append(record)
+        return int(full)
 
     # -- read out ---------------------------------------------------------
 
-    def drain(self) -> dict:
-        """Rows since the last drain (then forgotten) and the cumulative counters."""
-        out = {
-            "completions": list(self.completions),
-            "steps": list(self.steps),
-            "dropped_completions": self.dropped_completions,
-            "dropped_steps": self.dropped_steps,
-            "stats": dict(self.counters),
-        }
+    def drain(
+        self,
+        facts: EngineFacts,
+        applied: ThresholdUpdate,
+        running: Sequence[RunningRequest] = (),
+        running_total: int = 0,
+        waiting_total: int = 0,
+        counters: dict[str, int] | None = None,
+    ) -> DrainReport:
+        """Records since the last drain (then forgotten), the cumulative counters and the engine's state.
+
+        ``counters``: further cumulative counters kept elsewhere (the phase machine's).
+        """
+        stats = EngineStats(**{**self.counters, **(counters or {})})
+        report = DrainReport(
+            completions=list(self.completions),
+            steps=list(self.steps),
+            running=list(running),
+            running_total=running_total,
+            waiting_total=waiting_total,
+            dropped_completions=self.dropped_completions,
+            dropped_steps=self.dropped_steps,
+            stats=stats,
+            facts=facts,
+            applied=applied,
+        )
         self.completions.clear()
         self.steps.clear()
         self.dropped_completions = 0
         self.dropped_steps = 0
-        return out
+        return report

@@ -1,9 +1,9 @@
 """The EB+ scheduler: vLLM's own scheduler, steered by :mod:`replicas.phases`.
 
 Use it in plain vLLM with ``scheduler_cls="ebplus.replicas.scheduler.EBPlusScheduler"``
-(CLI ``--scheduler-cls``), configured by ``EBPLUS_MODE``/``EBPLUS_K``/``EBPLUS_N``
-(:mod:`replicas.settings`); our replicas change the thresholds at run time through
-the engine-core utility :data:`replicas.control.UTILITY`.
+(CLI ``--scheduler-cls``), configured through ``--additional-config`` or ``EBPLUS_*``
+(:mod:`ebplus.replicas.settings`); replicas change the thresholds at run time through
+the engine-core utility :data:`ebplus.replicas.control.UTILITY`.
 
 How a step is made (vLLM 0.29.0; the scheduler is not a public API, hence the pin):
 
@@ -39,11 +39,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ebplus.controller.telemetry import FinishReason
-from ebplus.replicas.control import UTILITY
-from ebplus.replicas.phases import EngineView, Mode, PhaseMachine, StepPlan, ThresholdUpdate
-from ebplus.replicas.recorder import TelemetryRecorder
-from ebplus.replicas.settings import from_env
 from vllm.platforms import current_platform
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -52,23 +47,40 @@ from vllm.v1.engine import FinishReason as VllmFinishReason
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
+from ebplus.controller.messages import (
+    CompletionRecord,
+    EngineFacts,
+    FinishReason,
+    Mode,
+    RunningRequest,
+    ThresholdUpdate,
+    decode,
+    encode,
+)
+from ebplus.replicas import settings
+from ebplus.replicas.control import UTILITY
+from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
+from ebplus.replicas.recorder import TelemetryRecorder
+
+#: Running requests a drain reports at most (evenly spaced over the running list beyond it).
+RUNNING_SAMPLE = 512
+
 # NOTE: a repetition stop cuts the output short of its natural end: report it as
 # an abort, which the controller treats as right-censored (like a length cap).
 _FINISH = {
-    VllmFinishReason.STOP: FinishReason.STOP.value,
-    VllmFinishReason.LENGTH: FinishReason.LENGTH.value,
-    VllmFinishReason.ABORT: FinishReason.ABORT.value,
-    VllmFinishReason.ERROR: FinishReason.ERROR.value,
-    VllmFinishReason.REPETITION: FinishReason.ABORT.value,
+    VllmFinishReason.STOP: FinishReason.STOP,
+    VllmFinishReason.LENGTH: FinishReason.LENGTH,
+    VllmFinishReason.ABORT: FinishReason.ABORT,
+    VllmFinishReason.ERROR: FinishReason.ERROR,
+    VllmFinishReason.REPETITION: FinishReason.ABORT,
 }
-_UPDATE_KEYS = frozenset(("mode", "active", "k", "n", "version"))
 
 
 class EBPlusScheduler(Scheduler):
     """vLLM ``Scheduler`` running MB, EB(k, N), V0 or EB+ (``auto``) steps.
 
     Constructed by vLLM's engine core with vLLM's keyword arguments; the initial
-    thresholds come from :func:`replicas.settings.from_env`.
+    thresholds come from :func:`ebplus.replicas.settings.load`.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> EBPlusScheduler:
@@ -81,11 +93,22 @@ class EBPlusScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.max_num_seqs = self.max_num_running_reqs  # start-up cap: N may only lower it
-        settings = from_env(self.max_num_seqs)
-        self.machine = PhaseMachine(settings.thresholds)
-        self.recorder = TelemetryRecorder(settings.telemetry_buffer)
-        self.kv_capacity_tokens = int(self.cache_config.num_gpu_blocks or 0) * int(self.block_size)
-        self.device = _device_name()
+        config = settings.load(self.vllm_config.additional_config)
+        try:
+            initial = config.scheduler.initial(self.max_num_seqs, config.theta_cold)
+        except ValueError as exc:
+            raise settings.SettingsError(f"EB+ scheduler settings ({config.source}): {exc}") from None
+        self.machine = PhaseMachine(initial)
+        self.recorder = TelemetryRecorder(config.scheduler.telemetry_buffer)
+        self.facts = EngineFacts(
+            kv_capacity_tokens=int(self.cache_config.num_gpu_blocks or 0) * int(self.block_size),
+            max_num_seqs=self.max_num_seqs,
+            device=_device_name(),
+            block_size=int(self.block_size),
+        )
+        self._next_seq = 0
+        self._seq: dict[str, int] = {}  # request id -> arrival order at this engine
+        self._cached: dict[str, int] = {}  # request id -> prompt tokens its first step found in the prefix cache
 
     # -- one step ---------------------------------------------------------
 
@@ -126,6 +149,11 @@ class EBPlusScheduler(Scheduler):
         rec.counters["overhead_seconds"] += (t1 - t0) + (t3 - t2)
         return out
 
+    def add_request(self, request: Request) -> None:
+        self._seq[request.request_id] = self._next_seq
+        self._next_seq += 1
+        super().add_request(request)
+
     def _head_fits(self) -> bool:
         """Whether the next waiting request's whole sequence fits in the free KV blocks now.
 
@@ -149,6 +177,8 @@ class EBPlusScheduler(Scheduler):
         prefill = decode = kv = 0
         spec = out.scheduled_spec_decode_tokens
         requests = self.requests
+        for new in out.scheduled_new_reqs:  # first step: what it did not compute came from the prefix cache
+            self._cached.setdefault(new.req_id, new.num_computed_tokens)
         for req_id, n in out.num_scheduled_tokens.items():
             req = requests[req_id]
             # _update_after_schedule already advanced num_computed_tokens by n
@@ -169,43 +199,67 @@ class EBPlusScheduler(Scheduler):
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         # Every finished, aborted or failed request passes here exactly once.
         # NOTE: stop strings are matched in the front-end and arrive as aborts.
-        finish = _FINISH.get(request.get_finished_reason(), FinishReason.ABORT.value)
-        self.recorder.finished(request.num_prompt_tokens, request.num_output_tokens, finish)
+        rid = request.request_id
+        self.recorder.finished(
+            CompletionRecord(
+                input_len=request.num_prompt_tokens,
+                output_len=request.num_output_tokens,
+                finish=_FINISH.get(request.get_finished_reason(), FinishReason.ABORT),
+                seq=self._seq.pop(rid, -1),
+                max_tokens=self._cap(request),
+                cached_tokens=self._cached.pop(rid, 0),
+            )
+        )
         return super()._free_request(request, delay_free_blocks)
 
-    # -- the control channel (replicas.control) ---------------------------
+    def _cap(self, request: Request) -> int:
+        """The most output tokens ``request`` can produce: its max_tokens, or what the model length leaves."""
+        return max(0, min(int(request.max_tokens), self.max_model_len - request.num_prompt_tokens))
 
-    def ebplus_apply(self, update: dict) -> dict:
-        """Install thresholds for the next step; returns what is applied.
+    def _running_sample(self) -> list[RunningRequest]:
+        running = self.running
+        step = max(1, -(-len(running) // RUNNING_SAMPLE))
+        return [
+            RunningRequest(
+                seq=self._seq.get(r.request_id, 0),
+                input_len=r.num_prompt_tokens,
+                age=r.num_output_tokens,
+                max_tokens=self._cap(r),
+                cached_tokens=self._cached.get(r.request_id, 0),
+            )
+            for r in running[::step]
+        ]
 
-        ``update`` holds any of ``mode, active, k, n, version`` (missing keys keep
-        their values). ``n`` is clamped to the start-up ``max_num_seqs`` and ``k``
-        to ``n``. Raises ``ValueError`` on unknown keys or invalid values (the
-        caller gets the message; the engine keeps running on the old values).
+    # -- the control channel (ebplus.replicas.control) ---------------------
+
+    def ebplus_apply(self, payload: bytes) -> bytes:
+        """Install a :class:`ThresholdUpdate` for the next step; returns what is applied.
+
+        ``n`` is clamped to the start-up ``max_num_seqs`` and ``k`` to ``n``. Raises
+        ``ValueError`` on an undecodable update (the caller gets the message; the
+        engine keeps running on the old values).
         """
-        unknown = set(update) - _UPDATE_KEYS
-        if unknown:
-            raise ValueError(f"unknown threshold keys {sorted(unknown)}; expected {sorted(_UPDATE_KEYS)}")
-        merged = {**self.machine.thresholds.as_dict(), **update}
-        n, k = merged["n"], merged["k"]
-        if _is_int(n) and n >= 1:
-            merged["n"] = n = min(n, self.max_num_seqs)
-            if _is_int(k):
-                merged["k"] = min(k, n)
-        self.machine.apply(ThresholdUpdate(**merged))
+        update = decode(payload, ThresholdUpdate)
+        n = min(update.n, self.max_num_seqs)
+        self.machine.apply(update.replace(n=n, k=min(update.k, n)))
         return self.ebplus_applied()
 
-    def ebplus_applied(self) -> dict:
-        """The thresholds the next step runs under: ``{mode, active, k, n, version}``."""
-        return self.machine.thresholds.as_dict()
+    def ebplus_applied(self) -> bytes:
+        """The thresholds the next step runs under."""
+        return encode(self.machine.thresholds)
 
-    def ebplus_drain(self) -> dict:
-        """Telemetry since the last drain, cumulative counters and the engine's facts."""
-        out = self.recorder.drain()
+    def ebplus_drain(self) -> bytes:
+        """Telemetry since the last drain, the running requests, counters and the engine's facts."""
         ps = self.machine.stats
-        out["stats"].update(phase_switches=ps.phase_switches, kv_backoffs=ps.kv_backoffs)
-        out.update(kv_capacity_tokens=self.kv_capacity_tokens, max_num_seqs=self.max_num_seqs, device=self.device)
-        return out
+        report = self.recorder.drain(
+            self.facts,
+            self.machine.thresholds,
+            running=self._running_sample(),
+            running_total=len(self.running),
+            waiting_total=len(self.waiting) + len(self.skipped_waiting),
+            counters={"phase_switches": ps.phase_switches, "kv_backoffs": ps.kv_backoffs},
+        )
+        return encode(report)
 
 
 class EBPlusAsyncScheduler(EBPlusScheduler, AsyncScheduler):
@@ -239,10 +293,6 @@ def _merge(before: list[Request], visible: list[Request], after: list[Request]) 
     return merged
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _device_name() -> str:
     """The accelerator's name (``cpu`` on CPU); NVML on CUDA, so no CUDA context here."""
     try:
@@ -255,7 +305,7 @@ def _ebplus_call(self: EngineCore, method: str, args: list | tuple = ()) -> Any:
     """Engine-core utility: call ``scheduler.<method>(*args)``; only ``ebplus_*`` methods.
 
     Clients: ``AsyncLLM.engine_core.call_utility_async("ebplus_call", "ebplus_drain", [])``
-    (see :class:`replicas.control.EngineControl`), ``LLM`` with a separate engine
+    (see :class:`ebplus.replicas.control.EngineControl`), ``LLM`` with a separate engine
     process: ``llm.llm_engine.engine_core.call_utility(...)``; in-process engines
     have no utility channel: call ``engine_core.engine_core.ebplus_call(...)``.
     """

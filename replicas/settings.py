@@ -1,104 +1,111 @@
-"""Start-up settings of the EB+ scheduler: the one place that reads ``EBPLUS_*``.
+"""Start-up settings of the EB+ scheduler: the one place they are read.
 
-People who run the scheduler in plain vLLM (``--scheduler-cls
-replicas.scheduler.EBPlusScheduler``) configure it with environment variables;
-our replicas set the same variables from the deployment config
-(``deploy.app.engine_env``). The scheduler calls :func:`from_env` once, at
-construction; nothing else reads the environment. A bad value fails the engine
-start with a message naming the variable.
+The scheduler runs inside vLLM's engine core and is configured when vLLM
+constructs it. Its primary source is vLLM's own ``--additional-config`` (engine
+argument ``additional_config``), whose ``ebplus`` object carries the deployment
+config's sections::
 
-========================  ==========================================  =========================
-variable                  meaning                                     default
-========================  ==========================================  =========================
-``EBPLUS_MODE``           ``mb`` | ``eb`` | ``v0`` | ``auto``         ``auto`` (runs MB until a
-                                                                      controller says EB)
-``EBPLUS_N``              cap on concurrently running requests        ``max_num_seqs``
-``EBPLUS_K``              EB threshold: prefill once k slots are free ``max(1, floor(0.10 N))``
-``EBPLUS_TELEMETRY_BUFFER`` records kept per kind between drains       16384
-========================  ==========================================  =========================
+    --additional-config '{"ebplus": {"scheduler": {"mode": "auto"}, "controller": {...}}}'
+
+``scheduler`` is validated by :class:`~ebplus.replicas.config.SchedulerSection`,
+``controller`` by :class:`~ebplus.controller.config.ControllerConfig` (the
+scheduler takes the cold threshold ``planner.theta_cold`` from it); other keys
+of the object belong to the API-server side (the plain-vLLM plugin validates
+them). Our Ray Serve replicas pass their config this way too.
+
+Fallback, for ``vllm serve --scheduler-cls ...`` without ``--additional-config``:
+environment variables, read here and nowhere else, validated by the same models.
+
+==========================  ==========================================  =========================
+variable                    meaning                                     default
+==========================  ==========================================  =========================
+``EBPLUS_MODE``             ``mb`` | ``eb`` | ``v0`` | ``auto`` |        ``auto`` (runs MB until a
+                            ``shadow``                                  controller says EB)
+``EBPLUS_N``                cap on concurrently running requests        ``max_num_seqs``
+``EBPLUS_K``                EB threshold: prefill once k slots are free ``theta_cold x N``
+``EBPLUS_TELEMETRY_BUFFER`` records kept per kind between drains        16384
+==========================  ==========================================  =========================
+
+A bad value fails the engine start with a message naming the key or variable.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Any
 
-from ebplus.controller import theory
-from ebplus.controller.planner import PlannerConfig
-from ebplus.replicas.phases import Mode, ThresholdUpdate
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-ENV_MODE = "EBPLUS_MODE"
-ENV_K = "EBPLUS_K"
-ENV_N = "EBPLUS_N"
-ENV_TELEMETRY_BUFFER = "EBPLUS_TELEMETRY_BUFFER"
+from ebplus.controller.config import ControllerConfig
+from ebplus.replicas.config import SchedulerSection
 
-DEFAULT_TELEMETRY_BUFFER = 16384
-#: k before any controller decision: the planner's cold-start theta times N.
-THETA_COLD: float = PlannerConfig.model_fields["theta_cold"].default
+#: The key of vLLM's ``additional_config`` that holds our settings.
+ADDITIONAL_CONFIG_KEY = "ebplus"
+#: The dotted class name for vLLM's ``scheduler_cls`` (``--scheduler-cls``).
+SCHEDULER_CLS = "ebplus.replicas.scheduler.EBPlusScheduler"
+
+ENV = {"mode": "EBPLUS_MODE", "k": "EBPLUS_K", "n": "EBPLUS_N", "telemetry_buffer": "EBPLUS_TELEMETRY_BUFFER"}
 
 
 class SettingsError(ValueError):
-    """An ``EBPLUS_*`` variable with an unusable value; the message names it."""
+    """Unusable scheduler settings; the message names the key or variable."""
 
 
-@dataclass(frozen=True)
-class SchedulerSettings:
-    """What the scheduler starts with.
+class EngineSettings(BaseModel):
+    """The part of the ``ebplus`` object the engine-core side reads."""
 
-    Attributes:
-        thresholds: the initial mode, k and N (version 0).
-        telemetry_buffer: records kept per kind (steps, completions) between two
-            drains; beyond it the oldest are dropped and counted.
-    """
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
-    thresholds: ThresholdUpdate
-    telemetry_buffer: int = DEFAULT_TELEMETRY_BUFFER
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    source: str = Field("defaults", exclude=True, description="Where the settings came from (for messages).")
 
-
-def default_k(n: int) -> int:
-    """``max(1, floor(theta_cold * n))``: the planner's threshold before any estimate."""
-    return theory.k_star(THETA_COLD, n)
+    @property
+    def theta_cold(self) -> float:
+        return self.controller.planner.theta_cold
 
 
-def _int(env: Mapping[str, str], name: str, lo: int, hi: int | None = None) -> int | None:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
-    if value < lo or (hi is not None and value > hi):
-        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise SettingsError(f"{name}={value} must be {bound}")
-    return value
+def additional_config(sections: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's ``additional_config`` value carrying ``sections`` (their JSON form) under our key."""
+    return {ADDITIONAL_CONFIG_KEY: {name: _json(value) for name, value in sections.items()}}
 
 
-def from_env(max_num_seqs: int, env: Mapping[str, str] | None = None) -> SchedulerSettings:
-    """Read and validate ``EBPLUS_*`` (``env`` defaults to ``os.environ``).
+def _json(value: Any) -> Any:
+    return value.model_dump(mode="json", exclude_unset=True) if isinstance(value, BaseModel) else value
 
-    ``max_num_seqs`` is the engine's start-up cap: vLLM sizes its buffers from it,
-    so ``EBPLUS_N`` may only lower it.
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    section: dict[str, Any] = {}
+    for field, var in ENV.items():
+        raw = env.get(var, "").strip()
+        if raw:
+            section[field] = raw.lower() if field == "mode" else raw
+    return {"scheduler": section}
+
+
+def load(additional: Any = None, env: Mapping[str, str] | None = None) -> EngineSettings:
+    """The scheduler's settings: ``additional_config["ebplus"]`` if given, else ``EBPLUS_*`` (``env``
+    defaults to ``os.environ``), else defaults.
 
     Raises:
-        SettingsError: a variable is malformed or out of range.
+        SettingsError: a value is malformed or out of range (the key or variable is named).
     """
     env = os.environ if env is None else env
-    raw_mode = env.get(ENV_MODE, "").strip().lower() or Mode.AUTO.value
+    ours = additional.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional, Mapping) else None
+    if ours is not None:
+        if not isinstance(ours, Mapping):
+            raise SettingsError(f"additional_config.{ADDITIONAL_CONFIG_KEY} must be an object, got {ours!r}")
+        data, source = dict(ours), "additional_config"
+    else:
+        data, source = _from_env(env), "environment"
     try:
-        mode = Mode(raw_mode)
-    except ValueError:
-        choices = "|".join(m.value for m in Mode)
-        raise SettingsError(f"{ENV_MODE}={env.get(ENV_MODE)!r} must be one of {choices}") from None
-    n = _int(env, ENV_N, 1, max_num_seqs)
-    n = max_num_seqs if n is None else n
-    k = _int(env, ENV_K, 1, n)
-    k = default_k(n) if k is None else k
-    buffer = _int(env, ENV_TELEMETRY_BUFFER, 1)
-    # AUTO starts in MB: the controller switches it to EB when EB wins.
-    active = Mode.MB if mode in (Mode.MB, Mode.AUTO) else Mode.EB
-    return SchedulerSettings(
-        thresholds=ThresholdUpdate(mode=mode, k=k, n=n, version=0, active=active),
-        telemetry_buffer=DEFAULT_TELEMETRY_BUFFER if buffer is None else buffer,
-    )
+        return EngineSettings.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(str(p) for p in first["loc"])
+        if source == "environment" and len(loc) == 2 and loc[1] in ENV:
+            where = f"{ENV[loc[1]]}={env.get(ENV[loc[1]])!r}"
+        else:
+            where = f"additional_config.{ADDITIONAL_CONFIG_KEY}." + ".".join(loc)
+        raise SettingsError(f"{where}: {first['msg']}") from None

@@ -15,6 +15,7 @@ process-level ones below, found through the same driver (``ray.nodes()``,
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -62,15 +63,17 @@ class Cluster:
         return handle
 
     def ping(self, timeout_s: float = 5.0) -> dict:
+        """The controller's ping, as the JSON document it answers (see ``views.Ping``)."""
         import ray
 
-        return ray.get(self.controller().ping.remote(), timeout=timeout_s)
+        return json.loads(ray.get(self.controller().ping.remote(), timeout=timeout_s))
 
     def snapshot(self, timeout_s: float = 10.0) -> dict:
-        """The controller's full snapshot (per replica: last_seen, drops, engine counters...)."""
+        """The controller's full snapshot as JSON (``views.FleetSnapshot``: per replica last_seen,
+        drops, engine counters...)."""
         import ray
 
-        return ray.get(self.controller().snapshot.remote(), timeout=timeout_s)
+        return json.loads(ray.get(self.controller().snapshot.remote(), timeout=timeout_s))
 
     def wait_controller(self, timeout_s: float = 60.0, pid_not: int | None = None) -> dict:
         """The ping of a live controller (a new process when ``pid_not`` is given)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
 from ebplus.bench.reliability.waiting import HarnessError
 from ebplus.deploy.config import ServeConfig, load_config
 

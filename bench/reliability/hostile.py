@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from ebplus.bench.reliability.cluster import Cluster
 from ebplus.bench.reliability.deployment import Deployment
 
@@ -117,25 +118,33 @@ def error_reason(r: httpx.Response) -> str:
 
 def scenario_bad_telemetry(dep: Deployment, cluster: Cluster) -> dict:
     """Malformed telemetry pushed straight to the live controller actor: rejected, counted, harmless."""
+    import msgspec
     import ray
-    from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
 
     nan = float("nan")
     rid = sorted(cluster.snapshot()["replicas"])[0]
-    batches = [
-        TelemetryBatch(rid, completions=({"input_len": nan, "output_len": 4, "finish": "stop"},)),  # NaN
-        TelemetryBatch(rid, completions=(CompletionRecord(12, -3, FinishReason.STOP),)),  # negative
-        TelemetryBatch(rid, completions=(CompletionRecord(12, 10**12, FinishReason.STOP),)),  # absurd length
-        TelemetryBatch(rid, completions=({"input_len": "x", "output_len": 4, "finish": "stop"},)),  # wrong type
-        TelemetryBatch(rid, completions=({"input_len": 3, "output_len": 4, "finish": "exploded"},)),
-        TelemetryBatch(rid, steps=(StepRecord(0, 5, 5, 0, float("inf")),)),  # infinite step time
-        TelemetryBatch(rid, steps=(StepRecord(0, 5, 5, 0, -1.0),)),  # negative step time
-        TelemetryBatch(rid, steps=(StepRecord(10**13, 0, 1, 0, 0.1),)),  # absurd token count
-        TelemetryBatch(rid, completions=5, dropped_completions=float("nan")),  # wrong batch shapes
-        TelemetryBatch(rid, extra={"engine_stats": {"preemptions": -7}}),
-        TelemetryBatch("no-such-replica", completions=(CompletionRecord(12, 4, FinishReason.STOP),)),  # wrong replica
-        TelemetryBatch(["not", "an", "id"]),
-        "not a batch at all",
+
+    def batch(replica_id: object = rid, **fields: object) -> bytes:
+        # raw msgpack in the wire layout of TelemetryBatch (records are arrays): what a buggy
+        # or hostile sender could put on the wire, which the typed encoder would refuse
+        return msgspec.msgpack.encode({"wire": 1, "replica_id": replica_id, **fields})
+
+    batches: list[object] = [
+        batch(completions=[[nan, 4, "stop"]]),  # NaN
+        batch(completions=[[12, -3, "stop"]]),  # negative
+        batch(completions=[[12, 10**12, "stop"]]),  # absurd length
+        batch(completions=[["x", 4, "stop"]]),  # wrong type
+        batch(completions=[[3, 4, "exploded"]]),  # unknown finish reason
+        batch(steps=[[0, 5, 5, 0, float("inf")]]),  # infinite step time
+        batch(steps=[[0, 5, 5, 0, -1.0]]),  # negative step time
+        batch(steps=[[10**13, 0, 1, 0, 0.1]]),  # absurd token count
+        batch(completions=5),  # records not a list: the batch is unreadable
+        batch(dropped_completions=nan),  # a counter that is not one
+        batch(stats={"preemptions": -7}),
+        batch("no-such-replica", completions=[[12, 4, "stop"]]),  # wrong replica
+        batch(["not", "an", "id"]),
+        b"not a batch at all",
+        msgspec.msgpack.encode({"wire": 99, "replica_id": rid}),  # a wire version from the future
     ]
     before = cluster.snapshot()
     replies = [ray.get(cluster.controller().ingest.remote(b), timeout=10) for b in batches]
@@ -145,7 +154,7 @@ def scenario_bad_telemetry(dep: Deployment, cluster: Cluster) -> dict:
         "batches": len(batches),
         "rejected": {k: v for k, v in rejected.items() if v},
         "accepted_completions": after["received"].get("completions", 0) - before["received"].get("completions", 0),
-        "replies_for_unknown": [r is None for r in replies[-3:]],
+        "replies_for_unknown": [r is None for r in replies[-4:]],
         "controller_alive": cluster.ping()["version"] >= 0,
         "metrics_text": httpx.get(f"{dep.base_url}/metrics", timeout=30).text,
     }

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from ebplus.bench.reliability.deployment import Deployment
 from ebplus.bench.reliability.waiting import HarnessError
 

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ebplus.bench.reliability import Deployment, HarnessError, start_deployment, stop_deployment
 from observability.prom import prometheus  # noqa: F401  (fixture for the live dashboard test)
+
+from ebplus.bench.reliability import Deployment, HarnessError, start_deployment, stop_deployment
 
 CONFIG = Path(__file__).with_name("e2e.yaml")
 ADMIN_TOKEN = "e2e-admin-token"

@@ -16,11 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from ebplus.controller.exporter import SPECS
-from ebplus.dashboards.promql import base_name, metric_names
 from observability.panels import expand, panel_queries, variable_queries
 from observability.prom import Target, has_finite
 from openai import OpenAI
+
+from ebplus.controller.exporter import SPECS
+from ebplus.dashboards.promql import base_name, metric_names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

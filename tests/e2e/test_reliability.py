@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from ebplus.bench import reliability as rel
 
 pytestmark = [pytest.mark.e2e]
@@ -93,16 +94,17 @@ def test_malformed_telemetry_is_rejected_and_counted_live(faults: rel.Deployment
     show("bad telemetry", out)
     assert out["accepted_completions"] == 0
     assert out["rejected"] == {
-        "not_finite": 2,
+        "not_finite": 1,  # an infinite step time (a NaN where an integer belongs is a bad_type)
         "negative": 2,
         "absurd_value": 2,
-        "bad_type": 1,
+        "bad_type": 2,
         "bad_finish_reason": 1,
-        "bad_batch": 2,
+        "bad_batch": 3,
         "bad_engine_stats": 1,
-        "unknown_replica": 3,
+        "unknown_replica": 2,
+        "bad_version": 1,
     }
-    assert out["replies_for_unknown"] == [True, True, True] and out["controller_alive"]
+    assert out["replies_for_unknown"] == [True, True, True, True] and out["controller_alive"]
     assert 'ebplus_telemetry_rejected_total{reason="unknown_replica"}' in metrics
 
 

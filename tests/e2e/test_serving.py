@@ -85,7 +85,8 @@ def wait_applied(deployment, timeout_s: float = 20.0) -> dict:
 def test_controller_updated_and_replicas_applied(deployment, loaded) -> None:
     est = admin(deployment, "/admin/estimates")
     assert est["fleet"]["updates"] >= 2, est
-    assert est["fleet"]["p0"] > 0 and est["fleet"]["mu_o"] > 0 and est["fleet"]["mu_l"] > 0
+    fleet = est["fleet"]["estimate"]
+    assert fleet["p0"] > 0 and fleet["mu_o"] > 0 and fleet["mu_l"] > 0
     th = wait_applied(deployment)
     assert len(th["replicas"]) == 1
     rep = next(iter(th["replicas"].values()))

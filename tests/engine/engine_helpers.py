@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEDULER_CLS = "ebplus.replicas.scheduler.EBPlusScheduler"
+from ebplus.controller.messages import DrainReport, ThresholdUpdate, decode, encode
+from ebplus.replicas.settings import SCHEDULER_CLS
 
 #: The tiny engines' shape: a 64-token budget forces chunked prefills of the longer prompts.
 TINY_ENGINE = {
@@ -64,6 +65,21 @@ def core_of(llm: Any) -> Any:
     return llm.llm_engine.engine_core.engine_core
 
 
+# The scheduler's control channel, through the engine-core utility as a replica calls it.
+
+
+def applied(llm: Any) -> ThresholdUpdate:
+    return decode(core_of(llm).ebplus_call("ebplus_applied"), ThresholdUpdate)
+
+
+def apply(llm: Any, update: ThresholdUpdate) -> ThresholdUpdate:
+    return decode(core_of(llm).ebplus_call("ebplus_apply", [encode(update)]), ThresholdUpdate)
+
+
+def drain(llm: Any) -> DrainReport:
+    return decode(core_of(llm).ebplus_call("ebplus_drain"), DrainReport)
+
+
 # --------------------------------------------------------------------------- workload
 
 
@@ -104,4 +120,4 @@ def warm_up(llm: Any) -> None:
     """One small batch so the first (slow, unreported) steps are behind us, then clear telemetry."""
     generate(llm, make_workload(4, seed=7))
     if llm.llm_engine.vllm_config.scheduler_config.scheduler_cls:
-        core_of(llm).ebplus_call("ebplus_drain")
+        drain(llm)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from engine_helpers import TINY_ENGINE, drain, make_llm
+
 from ebplus.bench import memory_safety as ms
-from engine_helpers import TINY_ENGINE, core_of, make_llm
 
 pytestmark = pytest.mark.engine
 
@@ -27,13 +28,13 @@ EPS = 1e-6
 @pytest.fixture(scope="module")
 def small_kv(tiny_model) -> Any:
     llm = make_llm(tiny_model, ms.engine_config(TINY_ENGINE), scheduler=True, EBPLUS_MODE="eb")
-    core_of(llm).ebplus_call("ebplus_drain")
+    drain(llm)
     return llm
 
 
 def test_n_capped_at_n_star_never_preempts_and_uncapped_does(small_kv: Any) -> None:
     prompts, params, inputs, outputs = ms.engine_workload()
-    capacity = core_of(small_kv).ebplus_call("ebplus_drain")["kv_capacity_tokens"]
+    capacity = drain(small_kv).facts.kv_capacity_tokens
     assert capacity == ms.ENGINE_BLOCKS * ms.ENGINE_BLOCK
     plan = ms.planner_plan(inputs, outputs, capacity, ms.ENGINE_MAX_NUM_SEQS, EPS, "cpu-smollm2")
     n_star = plan.n_cap

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from ebplus.deploy import models
 
 TEXTS = [

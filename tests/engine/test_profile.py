@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
+
 from ebplus.controller.cost_model import load_profile
+from ebplus.controller.messages import StepRecord
 
 pytestmark = pytest.mark.engine
 
@@ -31,5 +33,6 @@ def test_profile_quick_on_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
     assert profile.kv_capacity_tokens > 0
     assert min(profile.alpha_p, profile.alpha_d, profile.alpha_mixed) > 0
     assert "ebplus profile" in profile.description
-    kinds = {json.loads(line)[5] for line in rows.read_text().splitlines()}
-    assert kinds == {"prefill", "decode", "mixed"}
+    steps = [msgspec.json.decode(line, type=StepRecord) for line in rows.read_text().splitlines()]
+    assert {s.kind for s in steps} == {"prefill", "decode", "mixed"}
+    assert all(s.seconds > 0 for s in steps)

@@ -18,71 +18,80 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
-from engine_helpers import TINY_ENGINE, Workload, core_of, engine_env, generate, make_llm
+from engine_helpers import TINY_ENGINE, Workload, applied, apply, core_of, drain, engine_env, generate, make_llm
+
+from ebplus.controller.messages import DrainReport, EngineStats, FinishReason, Mode, StepKind, ThresholdUpdate
 
 pytestmark = pytest.mark.engine
 
 _versions = itertools.count(1)
 
 
-def run_mode(llm: Any, wl: Workload, **update: Any) -> tuple[list[list[int]], list[str], dict, dict]:
-    """Apply thresholds, run the workload, return outputs, finish reasons, the applied values and telemetry."""
-    core = core_of(llm)
-    applied = core.ebplus_call("ebplus_apply", [{**update, "version": next(_versions)}])
-    core.ebplus_call("ebplus_drain")
-    before = dict(core.scheduler.recorder.counters)
+def thresholds(mode: str, k: int = 1, n: int = 16, active: str = "mb") -> ThresholdUpdate:
+    return ThresholdUpdate(mode=Mode(mode), k=k, n=n, version=next(_versions), active=Mode(active))
+
+
+def delta(after: EngineStats, before: EngineStats) -> dict[str, float]:
+    a, b = msgspec.structs.asdict(after), msgspec.structs.asdict(before)
+    return {key: a[key] - b[key] for key in a}
+
+
+def run_mode(llm: Any, wl: Workload, update: ThresholdUpdate) -> tuple[list, list, ThresholdUpdate, DrainReport, dict]:
+    """Apply thresholds, run the workload; outputs, finish reasons, what was applied, telemetry, counter deltas."""
+    done = apply(llm, update)
+    before = drain(llm).stats
     tokens, finish = generate(llm, wl)
-    drained = core.ebplus_call("ebplus_drain")
-    drained["delta"] = {k: v - before.get(k, 0) for k, v in drained["stats"].items() if k in before}
-    return tokens, finish, applied, drained
+    drained = drain(llm)
+    return tokens, finish, done, drained, delta(drained.stats, before)
 
 
 MODES = [
-    pytest.param({"mode": "mb"}, id="mb"),
-    pytest.param({"mode": "eb", "k": 4, "n": 16}, id="eb-k4-n16"),
-    pytest.param({"mode": "eb", "k": 1, "n": 8}, id="eb-k1-n8"),
-    pytest.param({"mode": "eb", "k": 8, "n": 12}, id="eb-k8-n12"),
-    pytest.param({"mode": "eb", "k": 16, "n": 16}, id="eb-k16-n16"),
-    pytest.param({"mode": "v0", "k": 1, "n": 16}, id="v0"),
-    pytest.param({"mode": "auto", "active": "eb", "k": 3, "n": 16}, id="auto-eb"),
-    pytest.param({"mode": "auto", "active": "mb", "k": 3, "n": 10}, id="auto-mb-n10"),
+    pytest.param(("mb",), id="mb"),
+    pytest.param(("eb", 4, 16), id="eb-k4-n16"),
+    pytest.param(("eb", 1, 8), id="eb-k1-n8"),
+    pytest.param(("eb", 8, 12), id="eb-k8-n12"),
+    pytest.param(("eb", 16, 16), id="eb-k16-n16"),
+    pytest.param(("v0", 1, 16), id="v0"),
+    pytest.param(("auto", 3, 16, "eb"), id="auto-eb"),
+    pytest.param(("auto", 3, 10, "mb"), id="auto-mb-n10"),
+    pytest.param(("shadow", 3, 16, "eb"), id="shadow-runs-mb"),
 ]
 
 
-@pytest.mark.parametrize("update", MODES)
-def test_greedy_outputs_identical_to_stock(eb_tiny: Any, workload: Workload, reference: tuple, update: dict) -> None:
+@pytest.mark.parametrize("args", MODES)
+def test_greedy_outputs_identical_to_stock(eb_tiny: Any, workload: Workload, reference: tuple, args: tuple) -> None:
     ref_tokens, ref_finish = reference
-    tokens, finish, applied, drained = run_mode(eb_tiny, workload, **update)
+    tokens, finish, done, drained, moved = run_mode(eb_tiny, workload, thresholds(*args))
     assert tokens == ref_tokens
     assert finish == ref_finish
-    steps = drained["steps"]
-    assert steps and drained["dropped_steps"] == 0
-    n = applied["n"]
-    assert max(s[2] for s in steps) <= n, "more requests running than N"
-    assert max(s[0] + s[1] for s in steps) <= TINY_ENGINE["max_num_batched_tokens"]
-    kinds = Counter(s[5] for s in steps)
-    if applied["active"] == "eb":
-        assert kinds["mixed"] == 0 and drained["delta"]["steps_mixed"] == 0
-        assert kinds["prefill"] > 0 and kinds["decode"] > 0
+    steps = drained.steps
+    assert steps and drained.dropped_steps == 0
+    assert max(s.running for s in steps) <= done.n, "more requests running than N"
+    assert max(s.prefill_tokens + s.decode_tokens for s in steps) <= TINY_ENGINE["max_num_batched_tokens"]
+    kinds = Counter(s.kind for s in steps)
+    if done.active is Mode.EB:
+        assert kinds[StepKind.MIXED] == 0 and moved["steps_mixed"] == 0
+        assert kinds[StepKind.PREFILL] > 0 and kinds[StepKind.DECODE] > 0
     else:
-        assert kinds["mixed"] > 0
+        assert kinds[StepKind.MIXED] > 0
     # chunked prefills happened: prompts longer than the token budget were split
     assert max(workload.prompt_lens) > TINY_ENGINE["max_num_batched_tokens"]
-    assert drained["delta"]["steps_empty_busy"] == 0
+    assert moved["steps_empty_busy"] == 0
     # each step reports the KV its decodes read: every decode's context is at least its prompt
     # and at most prompt + output
     lo = min(workload.prompt_lens)
     hi = max(workload.prompt_lens) + max(p.max_tokens for p in workload.params)
-    assert all((s[6] > 0) == (s[1] > 0) for s in steps)
-    assert all(s[1] * lo <= s[6] <= s[1] * hi for s in steps)
+    assert all((s.kv_tokens > 0) == (s.decode_tokens > 0) for s in steps)
+    assert all(s.decode_tokens * lo <= s.kv_tokens <= s.decode_tokens * hi for s in steps)
 
 
 def test_mb_with_full_n_is_the_stock_scheduler(eb_tiny: Any, stock_tiny: Any, workload: Workload) -> None:
     """MB with N = max_num_seqs schedules exactly the stock batches, step by step."""
     small = Workload(workload.prompts[:24], workload.params[:24])
-    _, _, _, drained = run_mode(eb_tiny, small, mode="mb", n=16)
-    ours = [(s[0] + s[1], s[2]) for s in drained["steps"]]
+    _, _, _, drained, _ = run_mode(eb_tiny, small, thresholds("mb"))
+    ours = [(s.prefill_tokens + s.decode_tokens, s.running) for s in drained.steps]
 
     stock_core = core_of(stock_tiny)
     seen: list[tuple[int, int]] = []
@@ -103,18 +112,24 @@ def test_mb_with_full_n_is_the_stock_scheduler(eb_tiny: Any, stock_tiny: Any, wo
 
 
 def test_telemetry_totals_equal_true_lengths(eb_tiny: Any, workload: Workload) -> None:
-    for update in ({"mode": "eb", "k": 4, "n": 16}, {"mode": "mb", "n": 16}):
-        tokens, finish, _, drained = run_mode(eb_tiny, workload, **update)
-        rows = drained["completions"]
-        assert drained["dropped_completions"] == 0
+    for update in (thresholds("eb", 4, 16), thresholds("mb")):
+        tokens, finish, _, drained, moved = run_mode(eb_tiny, workload, update)
+        recs = drained.completions
+        assert drained.dropped_completions == 0
         truth = sorted(zip(workload.prompt_lens, map(len, tokens), finish, strict=True))
-        assert sorted(tuple(r) for r in rows) == truth
-        assert {r[2] for r in rows} == {"stop", "length"}  # both natural stops and max_tokens caps
-        steps = drained["steps"]
-        assert sum(s[0] for s in steps) == sum(workload.prompt_lens)
-        assert sum(s[1] for s in steps) == sum(len(t) - 1 for t in tokens)  # the first token comes with the prefill
-        assert drained["delta"]["preemptions"] == 0
-        assert all(s[4] > 0 for s in steps)
+        assert sorted((r.input_len, r.output_len, r.finish.value) for r in recs) == truth
+        assert {r.finish for r in recs} == {FinishReason.STOP, FinishReason.LENGTH}  # natural stops and caps
+        # each record carries its cap (max_tokens here) and its arrival order
+        caps = sorted(p.max_tokens for p in workload.params)
+        assert sorted(r.max_tokens for r in recs) == caps
+        assert all(r.output_len == r.max_tokens for r in recs if r.finish is FinishReason.LENGTH)
+        seqs = sorted(r.seq for r in recs)
+        assert seqs == list(range(seqs[0], seqs[0] + len(recs)))
+        steps = drained.steps
+        assert sum(s.prefill_tokens for s in steps) == sum(workload.prompt_lens)
+        assert sum(s.decode_tokens for s in steps) == sum(len(t) - 1 for t in tokens)  # the first comes with the prefill
+        assert moved["preemptions"] == 0
+        assert all(s.seconds > 0 for s in steps)
 
 
 def test_run_time_changes_apply_at_the_next_step(eb_tiny: Any, workload: Workload) -> None:
@@ -122,109 +137,100 @@ def test_run_time_changes_apply_at_the_next_step(eb_tiny: Any, workload: Workloa
     from vllm import SamplingParams
 
     engine = eb_tiny.llm_engine
-    core = core_of(eb_tiny)
-    core.ebplus_call("ebplus_apply", [{"mode": "mb", "n": 16, "version": next(_versions)}])
-    core.ebplus_call("ebplus_drain")
+    apply(eb_tiny, thresholds("mb"))
+    drain(eb_tiny)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     for i, prompt in enumerate(workload.prompts[:40]):
         engine.add_request(f"mid-{i}", prompt, params)
 
-    def one_step() -> list:
+    def one_step() -> DrainReport:
         engine.step()
-        return core.ebplus_call("ebplus_drain")["steps"]
+        return drain(eb_tiny)
 
     rows: list = []
-    while not any(s[5] == "mixed" for s in rows):  # MB mixes prefill chunks with decodes
-        rows = one_step()
+    while not any(s.kind is StepKind.MIXED for s in rows):  # MB mixes prefill chunks with decodes
+        report = one_step()
+        rows = report.steps
+    # the running requests are reported with their ages and caps
+    assert report.running_total == len(report.running) > 0
+    assert all(r.max_tokens == 40 and 0 <= r.age <= 40 for r in report.running)
     # mid-run: EB with a smaller N
-    version = next(_versions)
-    applied = core.ebplus_call("ebplus_apply", [{"mode": "eb", "k": 2, "n": 6, "version": version}])
-    assert applied == {"mode": "eb", "active": "eb", "k": 2, "n": 6, "version": version}
-    assert core.ebplus_call("ebplus_applied") == applied
+    update = thresholds("eb", 2, 6)
+    done = apply(eb_tiny, update)
+    assert done == update and applied(eb_tiny) == done
     eb_rows: list = []
     while len(eb_rows) < 30:
-        eb_rows += one_step()
-    assert all(s[5] != "mixed" for s in eb_rows), "a mixed step after switching to EB"
-    first_capped = next(i for i, s in enumerate(eb_rows) if s[2] <= 6)
-    assert all(s[2] <= 6 for s in eb_rows[first_capped:]), "N exceeded once running had drained below it"
+        eb_rows += one_step().steps
+    assert all(s.kind is not StepKind.MIXED for s in eb_rows), "a mixed step after switching to EB"
+    first_capped = next(i for i, s in enumerate(eb_rows) if s.running <= 6)
+    assert all(s.running <= 6 for s in eb_rows[first_capped:]), "N exceeded once running had drained below it"
     # running never grows while above N: admissions stopped at once
     above = eb_rows[:first_capped]
-    assert all(b[2] <= a[2] for a, b in itertools.pairwise(above))
+    assert all(b.running <= a.running for a, b in itertools.pairwise(above))
     # back to MB at full N, and an abort
-    version = next(_versions)
-    core.ebplus_call("ebplus_apply", [{"mode": "mb", "n": 16, "version": version}])
-    assert core.ebplus_call("ebplus_applied")["version"] == version
+    update = thresholds("mb")
+    apply(eb_tiny, update)
+    assert applied(eb_tiny).version == update.version
     engine.abort_request(["mid-39"])
-    done: list = []
+    done_records: list = []
     while engine.has_unfinished_requests():
         engine.step()
-        drained = core.ebplus_call("ebplus_drain")
-        done += drained["completions"]
-        rows += drained["steps"]
-    assert max(s[2] for s in rows) > 6
-    finish = Counter(r[2] for r in done)
-    assert finish["abort"] == 1
+        drained = drain(eb_tiny)
+        done_records += drained.completions
+        rows += drained.steps
+    assert max(s.running for s in rows) > 6
+    assert Counter(r.finish for r in done_records)[FinishReason.ABORT] == 1
 
 
-def test_apply_validates_and_clamps(eb_tiny: Any) -> None:
+def test_apply_clamps_and_refuses_what_is_not_an_update(eb_tiny: Any) -> None:
     core = core_of(eb_tiny)
-    applied = core.ebplus_call("ebplus_apply", [{"mode": "eb", "k": 40, "n": 99, "version": next(_versions)}])
-    assert (applied["n"], applied["k"]) == (16, 16)  # N only below the start-up max_num_seqs
-    before = core.ebplus_call("ebplus_applied")
-    for bad in ({"mode": "fast"}, {"k": 0}, {"n": 0}, {"version": -1}, {"speed": 1}):
+    done = apply(eb_tiny, ThresholdUpdate(mode=Mode.EB, k=40, n=99, version=next(_versions)))
+    assert (done.n, done.k) == (16, 16)  # N only below the start-up max_num_seqs
+    before = applied(eb_tiny)
+    for bad in ({"mode": "fast", "k": 1, "n": 4}, {"mode": "eb", "k": 0, "n": 4}, {"mode": "eb", "k": 1, "n": 0},
+                {"mode": "eb", "k": 1, "n": 4, "version": -1}, {"k": 1}):  # fmt: skip
         with pytest.raises(ValueError):
-            core.ebplus_call("ebplus_apply", [bad])
-        assert core.ebplus_call("ebplus_applied") == before
+            core.ebplus_call("ebplus_apply", [msgspec.msgpack.encode(bad)])
+        assert applied(eb_tiny) == before
     with pytest.raises(ValueError, match="ebplus_"):
         core.ebplus_call("schedule")
-    facts = core.ebplus_call("ebplus_drain")
-    assert facts["device"] == "cpu"
-    assert facts["max_num_seqs"] == 16
-    assert facts["kv_capacity_tokens"] == core.scheduler.cache_config.num_gpu_blocks * core.scheduler.block_size
+    facts = drain(eb_tiny).facts
+    assert facts.device == "cpu"
+    assert facts.max_num_seqs == 16
+    assert facts.kv_capacity_tokens == core.scheduler.cache_config.num_gpu_blocks * core.scheduler.block_size
 
 
-@pytest.mark.parametrize(
-    "update",
-    [
-        pytest.param({"mode": "eb", "k": 4, "n": 16}, id="eb"),
-        pytest.param({"mode": "v0", "n": 16}, id="v0"),
-        pytest.param({"mode": "mb", "n": 16}, id="mb"),
-    ],
-)
+@pytest.mark.parametrize("args", [("eb", 4, 16), ("v0", 1, 16), ("mb",)], ids=["eb", "v0", "mb"])
 def test_kv_pressure_completes_without_empty_steps(
-    eb_tiny_kv: Any, workload: Workload, reference: tuple, update: dict
+    eb_tiny_kv: Any, workload: Workload, reference: tuple, args: tuple
 ) -> None:
     ref_tokens, ref_finish = reference
-    tokens, finish, applied, drained = run_mode(eb_tiny_kv, workload, **update)
+    tokens, finish, done, drained, moved = run_mode(eb_tiny_kv, workload, thresholds(*args))
     assert tokens == ref_tokens and finish == ref_finish
-    delta = drained["delta"]
-    assert len(drained["completions"]) == len(workload.prompts)
-    assert delta["preemptions"] > 0, "the KV cache was meant to be too small"
-    assert delta["steps_empty_busy"] == 0
-    if applied["active"] == "eb":
-        assert delta["steps_mixed"] == 0
+    assert len(drained.completions) == len(workload.prompts)
+    assert moved["preemptions"] > 0, "the KV cache was meant to be too small"
+    assert moved["steps_empty_busy"] == 0
+    if done.active is Mode.EB:
+        assert moved["steps_mixed"] == 0
     # a preempted request recomputes its prompt and output as prefill
-    assert sum(s[0] for s in drained["steps"]) > sum(workload.prompt_lens)
+    assert sum(s.prefill_tokens for s in drained.steps) > sum(workload.prompt_lens)
 
 
-@pytest.mark.parametrize(
-    "update",
-    [pytest.param({"mode": "eb", "k": 4, "n": 16}, id="eb"), pytest.param({"mode": "mb", "n": 16}, id="mb")],
-)
-def test_async_scheduler_variant(eb_tiny_async: Any, workload: Workload, reference: tuple, update: dict) -> None:
+@pytest.mark.parametrize("args", [("eb", 4, 16), ("mb",)], ids=["eb", "mb"])
+def test_async_scheduler_variant(eb_tiny_async: Any, workload: Workload, reference: tuple, args: tuple) -> None:
     from ebplus.replicas.scheduler import EBPlusAsyncScheduler
 
     core = core_of(eb_tiny_async)
     assert type(core.scheduler) is EBPlusAsyncScheduler
     assert core.batch_queue_size == 2  # vLLM's async path: step n+1 scheduled while n runs
-    tokens, finish, applied, drained = run_mode(eb_tiny_async, workload, **update)
+    tokens, finish, done, drained, moved = run_mode(eb_tiny_async, workload, thresholds(*args))
     assert tokens == reference[0] and finish == reference[1]
-    if applied["active"] == "eb":
-        assert drained["delta"]["steps_mixed"] == 0
-    assert sorted(tuple(r) for r in drained["completions"]) == sorted(
+    if done.active is Mode.EB:
+        assert moved["steps_mixed"] == 0
+    assert sorted((r.input_len, r.output_len, r.finish.value) for r in drained.completions) == sorted(
         zip(workload.prompt_lens, map(len, tokens), finish, strict=True)
     )
-    assert all(s[4] > 0 for s in drained["steps"])
+    assert all(s.seconds > 0 for s in drained.steps)
 
 
 def test_sync_engine_gets_the_sync_class(eb_tiny: Any) -> None:
@@ -239,17 +245,21 @@ def test_control_channel_through_asyncllm(tiny_model: Path) -> None:
     """The replica's route: AsyncLLM (engine core in its own process) + replicas.control.EngineControl."""
 
     async def scenario() -> None:
-        from ebplus.replicas.control import EngineControl
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(model=str(tiny_model), scheduler_cls="ebplus.replicas.scheduler.EBPlusScheduler", **TINY_ENGINE)
-        with engine_env(EBPLUS_MODE="eb", EBPLUS_K="3", EBPLUS_N="8", VLLM_ENABLE_V1_MULTIPROCESSING="1"):
+        from ebplus.replicas.config import SchedulerSection
+        from ebplus.replicas.control import EngineControl
+        from ebplus.replicas.settings import SCHEDULER_CLS, additional_config
+
+        extra = additional_config({"scheduler": SchedulerSection(mode=Mode.EB, k=3, n=8)})
+        args = AsyncEngineArgs(model=str(tiny_model), scheduler_cls=SCHEDULER_CLS, additional_config=extra, **TINY_ENGINE)
+        with engine_env(EBPLUS_MODE="mb", VLLM_ENABLE_V1_MULTIPROCESSING="1"):  # additional_config wins
             engine = AsyncLLM.from_engine_args(args)
         try:
             control = EngineControl(engine)
-            assert await control.applied() == {"mode": "eb", "active": "eb", "k": 3, "n": 8, "version": 0}
+            assert await control.applied() == ThresholdUpdate(mode=Mode.EB, k=3, n=8, version=0, active=Mode.EB)
 
             async def one(i: int) -> int:
                 params = SamplingParams(temperature=0.0, max_tokens=12 + i, ignore_eos=True)
@@ -258,17 +268,17 @@ def test_control_channel_through_asyncllm(tiny_model: Path) -> None:
                 return len(last.outputs[0].token_ids)
 
             lens = await asyncio.gather(*(one(i) for i in range(10)))
-            applied = await control.apply({"mode": "auto", "active": "mb", "k": 2, "n": 6, "version": 3})
-            assert applied == {"mode": "auto", "active": "mb", "k": 2, "n": 6, "version": 3}
+            update = ThresholdUpdate(mode=Mode.AUTO, k=2, n=6, version=3, active=Mode.MB)
+            assert await control.apply(update) == update
             drained = await control.drain()
-            assert sorted(r[1] for r in drained["completions"]) == sorted(lens)
-            assert {r[2] for r in drained["completions"]} == {"length"}
-            assert drained["stats"]["steps_mixed"] == 0
-            assert max(s[2] for s in drained["steps"]) <= 8
-            assert (drained["device"], drained["max_num_seqs"]) == ("cpu", 16)
+            assert sorted(r.output_len for r in drained.completions) == sorted(lens)
+            assert {r.finish for r in drained.completions} == {FinishReason.LENGTH}
+            assert drained.stats.steps_mixed == 0
+            assert max(s.running for s in drained.steps) <= 8
+            assert (drained.facts.device, drained.facts.max_num_seqs) == ("cpu", 16)
             with pytest.raises(Exception, match="k must be"):
-                await control.apply({"k": 0})
-            assert (await control.applied())["version"] == 3  # the engine kept running on the old values
+                await control._call("ebplus_apply", msgspec.msgpack.encode({"mode": "eb", "k": 0, "n": 4}))
+            assert (await control.applied()).version == 3  # the engine kept running on the old values
             assert len(await asyncio.gather(*(one(i) for i in range(3)))) == 3
         finally:
             engine.shutdown()
@@ -285,7 +295,7 @@ def test_invalid_environment_fails_engine_start(tiny_model: Path) -> None:
     env = {**os.environ, "EBPLUS_MODE": "turbo", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
-    assert "EBPLUS_MODE='turbo' must be one of mb|eb|v0|auto" in proc.stderr
+    assert "EBPLUS_MODE='turbo'" in proc.stderr and "'mb', 'eb', 'v0', 'auto' or 'shadow'" in proc.stderr
 
 
 # --------------------------------------------------------------------------- a real model
@@ -308,17 +318,16 @@ def test_smollm2_outputs_identical_to_stock(smollm2_pair: tuple[Any, Any]) -> No
     prompts += ["Summarise this text. " + "The scheduler runs prefill and decode steps. " * 12]  # > 64 tokens: chunked
     params = SamplingParams(temperature=0.0, max_tokens=24)
     ref = [o.outputs[0].text for o in stock.chat([[{"role": "user", "content": p}] for p in prompts], params)]
-    for update in ({"mode": "eb", "k": 2, "n": 8}, {"mode": "mb", "n": 8}, {"mode": "eb", "k": 5, "n": 5}):
-        core = core_of(ours)
-        core.ebplus_call("ebplus_apply", [update])
-        core.ebplus_call("ebplus_drain")
+    for update in (thresholds("eb", 2, 8), thresholds("mb", 1, 8), thresholds("eb", 5, 5)):
+        apply(ours, update)
+        drain(ours)
         got = [o.outputs[0].text for o in ours.chat([[{"role": "user", "content": p}] for p in prompts], params)]
         assert got == ref, update
-        drained = core.ebplus_call("ebplus_drain")
-        assert len(drained["completions"]) == len(prompts)
-        if update["mode"] == "eb":
-            assert drained["stats"]["steps_mixed"] == 0 or all(s[5] != "mixed" for s in drained["steps"])
-            assert max(s[2] for s in drained["steps"]) <= update["n"]
+        drained = drain(ours)
+        assert len(drained.completions) == len(prompts)
+        if update.active is Mode.EB:
+            assert all(s.kind is not StepKind.MIXED for s in drained.steps)
+            assert max(s.running for s in drained.steps) <= update.n
     assert any(
         "Paris" in o.outputs[0].text
         for o in ours.chat([{"role": "user", "content": "What is the capital of France?"}], params)

@@ -29,10 +29,11 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from ebplus.deploy.config import load_config, parse_config
-from ebplus.deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
 from external_tools import REPO, binary, node_modules
 from ray.serve.schema import ServeDeploySchema
+
+from ebplus.deploy.config import load_config, parse_config
+from ebplus.deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
 
 CHART = REPO / "helm" / "ebplus"
 CRD = REPO.parent / "shared" / "schemas" / "ray.io_rayservices.yaml"

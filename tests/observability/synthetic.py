@@ -12,11 +12,20 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.exporter import render
 from ebplus.controller.fleet import FleetController
-from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from ebplus.replicas.phases import Mode
+from ebplus.controller.messages import (
+    CompletionRecord,
+    EngineFacts,
+    EngineStats,
+    FinishReason,
+    Mode,
+    Registration,
+    StepRecord,
+    TelemetryBatch,
+)
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
@@ -38,11 +47,13 @@ class SyntheticApp:
         self.stats = {r: {"steps_prefill": 0, "steps_decode": 0, "steps_mixed": 0, "steps_idle": 0,
                           "phase_switches": 0, "preemptions": 0, "kv_backoffs": 0} for r in REPLICAS}  # fmt: skip
         for rid in REPLICAS:
-            self.fleet.register(rid, Mode.AUTO, 2_000_000, 1024, H200, device="NVIDIA H200")
+            facts = EngineFacts(kv_capacity_tokens=2_000_000, max_num_seqs=1024, device="NVIDIA H200")
+            self.fleet.register(Registration(replica_id=rid, mode=Mode.AUTO, facts=facts, prior=H200))
         for _ in range(4):  # past min_samples and a few re-estimations: every estimate exists from the start
             self.feed()
         self.fleet.set_override(REPLICAS[1], k=9, ttl_s=3600)
-        self.fleet.ingest(TelemetryBatch(REPLICAS[0], ({"input_len": -1},)))  # one rejected record
+        bad = CompletionRecord(-1, 3, FinishReason.STOP)
+        self.fleet.ingest(TelemetryBatch(replica_id=REPLICAS[0], completions=[bad]))  # one rejected record
 
         app = self
 
@@ -100,7 +111,11 @@ class SyntheticApp:
                 s["preemptions"] += int(self.rng.integers(0, 2))
                 s["kv_backoffs"] += int(self.rng.integers(0, 2))
                 batch = TelemetryBatch(
-                    rid, comps, steps, applied_version=self.fleet.version, extra={"engine_stats": dict(s)}
+                    replica_id=rid,
+                    completions=list(comps),
+                    steps=list(steps),
+                    applied_version=self.fleet.version,
+                    stats=EngineStats(**s),
                 )
                 self.fleet.ingest(batch)
 

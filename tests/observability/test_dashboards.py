@@ -17,11 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from external_tools import REPO
+from observability.panels import DASHBOARDS, load, panel_queries, variable_queries
+
 from ebplus.controller.exporter import SPECS
 from ebplus.dashboards.external import EXTERNAL
 from ebplus.dashboards.promql import base_name, metric_names
-from external_tools import REPO
-from observability.panels import DASHBOARDS, load, panel_queries, variable_queries
 
 HISTOGRAMS = {n for n, s in (*SPECS.items(), *EXTERNAL.items()) if s.kind == "histogram"}
 QUERIES = list(panel_queries()) + list(variable_queries())

@@ -23,10 +23,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from ebplus.dashboards.external import EXTERNAL_METRICS, VLLM_LABELS
 from observability.panels import expand, panel_queries, variable_queries
 from observability.prom import Target, has_finite
 from observability.synthetic import SyntheticApp
+
+from ebplus.dashboards.external import EXTERNAL_METRICS, VLLM_LABELS
 
 
 def _source(module: str) -> Path:

@@ -15,11 +15,12 @@ and the live local deployment (tests/e2e) can point the same fixture at its port
 from __future__ import annotations
 
 import pytest
-from ebplus.controller.exporter import SPECS
-from ebplus.dashboards.promql import base_name, metric_names
 from observability.panels import expand, panel_queries
 from observability.prom import Target, has_finite
 from observability.synthetic import MODEL, REPLICAS, SyntheticApp
+
+from ebplus.controller.exporter import SPECS
+from ebplus.dashboards.promql import base_name, metric_names
 
 HISTOGRAMS = {n for n, s in SPECS.items() if s.kind == "histogram"}
 EBPLUS_ONLY = [q for q in panel_queries() if all(base_name(n, HISTOGRAMS) in SPECS for n in metric_names(q.expr))]

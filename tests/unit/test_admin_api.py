@@ -6,13 +6,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ebplus.controller.actor import ControllerActor
-from ebplus.controller.cost_model import CostModel
-from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from ebplus.deploy import admin
-from ebplus.deploy.auth import Secret
+from factories import batch, registration
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+
+from ebplus.controller.actor import ControllerActor
+from ebplus.controller.client import ControllerClient, ControllerUnavailable, LocalTransport
+from ebplus.controller.config import ControllerConfig
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.messages import CompletionRecord, FinishReason, StepRecord, encode
+from ebplus.deploy import admin
+from ebplus.deploy.auth import Secret
+from ebplus.deploy.config import AuthSection
 
 TOKEN = "s3cret-token"
 H200 = CostModel(
@@ -21,23 +26,23 @@ H200 = CostModel(
 
 
 def make_actor(state_dir: Path) -> ControllerActor:
-    return ControllerActor({"update_every": 100}, state_dir=str(state_dir), housekeeping=False)
+    return ControllerActor(ControllerConfig(update_every=100, state_dir=str(state_dir)), housekeeping=False)
 
 
 def make_client(actor: ControllerActor, token: str | None) -> TestClient:
     app = FastAPI()
     app.include_router(admin.router)
-    service = admin.AdminService(admin.LocalControllerClient(actor), Secret(token, "test"), "m")
+    service = admin.AdminService(ControllerClient(LocalTransport(actor)), Secret(token, "test"), "m")
     app.dependency_overrides[admin.get_service] = lambda: service
     return TestClient(app)
 
 
 async def feed(actor: ControllerActor, rounds: int = 2) -> None:
-    await actor.register("r0", "auto", 2_000_000, 1024, H200.model_dump(), "NVIDIA H200")
+    await actor.register(encode(registration("r0", "auto", 2_000_000, 1024, H200, "NVIDIA H200")))
     rng = np.random.default_rng(0)
     for _ in range(rounds):
-        comps = tuple(CompletionRecord(512, int(o), FinishReason.STOP) for o in rng.geometric(1 / 256, 100))
-        await actor.ingest(TelemetryBatch("r0", comps, (StepRecord(0, 900, 900, 400, 0.04),)))
+        comps = [CompletionRecord(512, int(o), FinishReason.STOP) for o in rng.geometric(1 / 256, 100)]
+        await actor.ingest(encode(batch("r0", comps, [StepRecord(0, 900, 900, 400, 0.04)])))
 
 
 @pytest.fixture
@@ -80,9 +85,9 @@ def test_without_token_reads_work_and_mutations_are_403(actor) -> None:
 
 def test_estimates_shape(actor) -> None:
     body = make_client(actor, TOKEN).get("/admin/estimates", headers=AUTH).json()
-    for key in ("p0", "eta", "mu_l", "mu_o", "n_samples", "updates"):
-        assert body["fleet"][key] is not None
-    assert body["fleet"]["updates"] == 2
+    for key in ("p0", "eta", "mu_l", "mu_o", "n_samples", "method"):
+        assert body["fleet"]["estimate"][key] is not None
+    assert body["fleet"]["updates"] == 2 and body["fleet"]["completions"] == 200
     assert set(body["replicas"]["r0"]["cost_model"]) >= {"alpha_p", "beta_p", "alpha_d", "beta_d", "beta_mb"}
 
 
@@ -144,15 +149,15 @@ def test_metrics_and_admin_agree(actor) -> None:
     assert "ebplus_controller_up 1.0" in text
 
 
-class DeadClient:
+class DeadTransport:
     async def call(self, method: str, *args, **kwargs):
-        raise admin.ControllerUnavailable("gone")
+        raise ControllerUnavailable("gone")
 
 
 def test_controller_unavailable_is_503_with_retry_after() -> None:
     app = FastAPI()
     app.include_router(admin.router)
-    app.dependency_overrides[admin.get_service] = lambda: admin.AdminService(DeadClient(), Secret(None, "t"), "m")
+    app.dependency_overrides[admin.get_service] = lambda: admin.AdminService(ControllerClient(DeadTransport()), Secret(None, "t"), "m")
     c = TestClient(app)
     r = c.get("/admin/thresholds")
     assert r.status_code == 503 and r.headers["retry-after"] == "2"
@@ -166,21 +171,21 @@ def test_state_survives_actor_restart(tmp_path: Path) -> None:
     a = make_actor(tmp_path)
     asyncio.run(feed(a, rounds=3))
     asyncio.run(a.set_override("r0", k=4))
-    before = asyncio.run(a.snapshot())
+    before = asyncio.run(ControllerClient(LocalTransport(a)).snapshot())
     b = make_actor(tmp_path)  # what Ray does on restart: same args, fresh process
     assert b.restored
-    asyncio.run(b.register("r0", "auto", 2_000_000, 1024, H200.model_dump(), "NVIDIA H200"))
-    after = asyncio.run(b.snapshot())
-    assert after["version"] == before["version"]
-    assert after["replicas"]["r0"]["k"] == 4 and after["estimate"] == before["estimate"]
+    asyncio.run(b.register(encode(registration("r0", "auto", 2_000_000, 1024, H200, "NVIDIA H200"))))
+    after = asyncio.run(ControllerClient(LocalTransport(b)).snapshot())
+    assert after.version == before.version
+    assert after.replicas["r0"].k == 4 and after.estimate == before.estimate
 
 
 def test_full_ingress_app_keeps_422_for_admin(actor) -> None:
     """Ray's OpenAI app maps validation errors to 400; /admin must still answer 422 with the field."""
     from ebplus.deploy.ingress import make_app
 
-    app = make_app(1 << 20, {"api_key_env": "EBPLUS_TEST_UNSET_KEY", "api_key_file": None})
-    service = admin.AdminService(admin.LocalControllerClient(actor), Secret(TOKEN, "test"), "m")
+    app = make_app(1 << 20, AuthSection(api_key_env="EBPLUS_TEST_UNSET_KEY"))
+    service = admin.AdminService(ControllerClient(LocalTransport(actor)), Secret(TOKEN, "test"), "m")
     app.dependency_overrides[admin.get_service] = lambda: service
     r = TestClient(app).put("/admin/overrides", headers=AUTH, json={"replica": "r0", "k": 0})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "k"]

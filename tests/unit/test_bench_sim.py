@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from ebplus.bench.bench_sim import POLICY_COLUMNS, SETTINGS, Task, run_task
 from ebplus.bench.sim import Policy
-
 from ebplus.cli import main
 
 

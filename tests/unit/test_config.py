@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from ebplus.controller.messages import Mode
 from ebplus.deploy.config import ConfigError, ServeConfig, json_schema, load_config, parse_config
-from ebplus.replicas.phases import Mode
 
 ROOT = Path(__file__).resolve().parents[2]
 

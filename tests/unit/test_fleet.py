@@ -6,11 +6,14 @@ import json
 
 import numpy as np
 import pytest
+from factories import batch, registration
+
+from ebplus.controller import persistence
+from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_model import CostModel
-from ebplus.controller.fleet import ControllerConfig, FleetController, OverrideError
-from ebplus.controller.planner import PlannerConfig
-from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from ebplus.replicas.phases import Mode
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.messages import CompletionRecord, FinishReason, Mode, StepRecord
+from ebplus.controller.overrides import OverrideError
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
@@ -38,37 +41,37 @@ def fleet(clock: FakeClock) -> FleetController:
     # no cold EB decision (test_cold_*): these tests count versions from the M-completion cadence
     config = ControllerConfig(update_every=100, first_update=100, planner=PlannerConfig(cold_workloads=()))
     fc = FleetController(config, clock=clock)
-    fc.register("h200-0", Mode.AUTO, 2_000_000, 1024, H200)
-    fc.register("rtx-0", Mode.AUTO, 600_000, 1024, RTX)
+    fc.register(registration("h200-0", Mode.AUTO, 2_000_000, 1024, H200))
+    fc.register(registration("rtx-0", Mode.AUTO, 600_000, 1024, RTX))
     return fc
 
 
-def completions(n: int, seed: int = 0, mean: float = 256) -> tuple[CompletionRecord, ...]:
+def completions(n: int, seed: int = 0, mean: float = 256) -> list[CompletionRecord]:
     rng = np.random.default_rng(seed)
-    return tuple(CompletionRecord(512, int(o), FinishReason.STOP) for o in rng.geometric(1 / mean, size=n))
+    return list(CompletionRecord(512, int(o), FinishReason.STOP) for o in rng.geometric(1 / mean, size=n))
 
 
-def steps(n: int, running: int = 900, waiting: int = 500) -> tuple[StepRecord, ...]:
-    return tuple(StepRecord(0, running, running, waiting, 0.03) for _ in range(n))
+def steps(n: int, running: int = 900, waiting: int = 500) -> list[StepRecord]:
+    return list(StepRecord(0, running, running, waiting, 0.03) for _ in range(n))
 
 
 def test_updates_every_m_completions_fleet_wide(fleet: FleetController) -> None:
     assert fleet.version == 0
-    fleet.ingest(TelemetryBatch("h200-0", completions(60), steps(5)))
+    fleet.ingest(batch("h200-0", completions(60), steps(5)))
     assert fleet.version == 0
-    fleet.ingest(TelemetryBatch("rtx-0", completions(40, seed=1), steps(5)))
+    fleet.ingest(batch("rtx-0", completions(40, seed=1), steps(5)))
     assert fleet.version == 1 and fleet.updates == 1
-    fleet.ingest(TelemetryBatch("rtx-0", completions(99, seed=2)))
+    fleet.ingest(batch("rtx-0", completions(99, seed=2)))
     assert fleet.version == 1
-    fleet.ingest(TelemetryBatch("h200-0", completions(1, seed=3)))
+    fleet.ingest(batch("h200-0", completions(1, seed=3)))
     assert fleet.version == 2
     assert {d.replica_id for d in fleet.history if d.version == 2} == {"h200-0", "rtx-0"}
 
 
 def test_decisions_are_per_replica(fleet: FleetController) -> None:
     for i in range(3):
-        fleet.ingest(TelemetryBatch("h200-0", completions(100, seed=i), steps(20)))
-        fleet.ingest(TelemetryBatch("rtx-0", completions(100, seed=10 + i), steps(20)))
+        fleet.ingest(batch("h200-0", completions(100, seed=i), steps(20)))
+        fleet.ingest(batch("rtx-0", completions(100, seed=10 + i), steps(20)))
     h, r = fleet.thresholds("h200-0"), fleet.thresholds("rtx-0")
     assert h.version == r.version == fleet.version
     # different alpha_p/alpha_d and KV capacity -> different thresholds and caps
@@ -77,27 +80,28 @@ def test_decisions_are_per_replica(fleet: FleetController) -> None:
 
 
 def test_bad_records_are_rejected_and_counted(fleet: FleetController) -> None:
-    bad = (
+    """In-process callers can hand over records holding anything (a decoded batch is typed already)."""
+    bad = [
         CompletionRecord(512, -3, FinishReason.STOP),
-        {"input_len": float("nan"), "output_len": 4, "finish": "stop"},
-        {"input_len": 4, "output_len": 10**9, "finish": "stop"},
-        {"input_len": 4, "output_len": 4, "finish": "exploded"},
-        {"input_len": "x", "output_len": 4, "finish": "stop"},
+        CompletionRecord(float("nan"), 4, FinishReason.STOP),  # type: ignore[arg-type]
+        CompletionRecord(4, 10**9, FinishReason.STOP),
+        CompletionRecord(4, 4, "exploded"),  # type: ignore[arg-type]
+        CompletionRecord("x", 4, FinishReason.STOP),  # type: ignore[arg-type]
         None,
-    )
-    bad_steps = (StepRecord(0, 5, 5, 0, float("inf")), StepRecord(0, 0, 0, 0, 0.1), {"prefill_tokens": 3})
-    fleet.ingest(TelemetryBatch("h200-0", bad + completions(2), bad_steps))
+    ]
+    bad_steps = [StepRecord(0, 5, 5, 0, float("inf")), StepRecord(0, 0, 0, 0, 0.1), StepRecord(3, None, 0, 0, 0.1)]  # type: ignore[arg-type]
+    fleet.ingest(batch("h200-0", bad + list(completions(2)), bad_steps))
     assert fleet.rejected == {
         "negative": 1,
         "not_finite": 2,
         "absurd_value": 1,
         "bad_finish_reason": 1,
-        "bad_type": 1,
+        "bad_type": 2,
         "empty_step": 1,
-        "missing_field": 2,
+        "missing_field": 1,
     }
     assert fleet.received["completions"] == 2 and fleet.workload.completions == 2
-    assert fleet.ingest(TelemetryBatch("nobody", completions(5))) is None
+    assert fleet.ingest(batch("nobody", completions(5))) is None
     assert fleet.rejected["unknown_replica"] == 1
 
 
@@ -109,14 +113,14 @@ def test_aborted_and_capped_requests(fleet: FleetController) -> None:
         CompletionRecord(10, 7, FinishReason.ABORT),
         CompletionRecord(10, 9, FinishReason.ERROR),
     )
-    fleet.ingest(TelemetryBatch("h200-0", recs))
+    fleet.ingest(batch("h200-0", recs))
     assert fleet.received["aborted"] == 3
     assert fleet.workload.n_samples == 3
-    assert fleet.workload.state()["censored"] == [True, False, True]
+    assert fleet.workload.state().censored == [True, False, True]
 
 
 def test_applied_version_and_drops_tracked(fleet: FleetController) -> None:
-    fleet.ingest(TelemetryBatch("h200-0", applied_version=0, dropped_steps=3, dropped_completions=1))
+    fleet.ingest(batch("h200-0", applied_version=0, dropped_steps=3, dropped_completions=1))
     r = fleet.replicas["h200-0"]
     assert (r.applied_version, r.dropped_steps, r.dropped_completions) == (0, 3, 1)
 
@@ -129,7 +133,7 @@ def test_override_applies_and_expires(fleet: FleetController, clock: FakeClock) 
     clock.now += 61
     t = fleet.thresholds("rtx-0")
     assert t.mode is Mode.AUTO and t.k != 7 and t.version == v + 1
-    assert "rtx-0" not in fleet.overrides
+    assert "rtx-0" not in fleet.overrides.items
 
 
 def test_fleet_override_and_replica_precedence(fleet: FleetController) -> None:
@@ -156,16 +160,16 @@ def test_fleet_override_and_replica_precedence(fleet: FleetController) -> None:
     ],
 )
 def test_invalid_overrides_change_nothing(fleet: FleetController, kwargs: dict, field: str) -> None:
-    before = (fleet.version, dict(fleet.overrides), fleet.thresholds("rtx-0"))
+    before = (fleet.version, dict(fleet.overrides.items), fleet.thresholds("rtx-0"))
     with pytest.raises(OverrideError) as err:
         fleet.set_override(**kwargs)
     assert err.value.field == field
-    assert (fleet.version, dict(fleet.overrides), fleet.thresholds("rtx-0")) == before
+    assert (fleet.version, dict(fleet.overrides.items), fleet.thresholds("rtx-0")) == before
 
 
 def test_n_above_kv_safe_needs_force(fleet: FleetController) -> None:
     for i in range(2):
-        fleet.ingest(TelemetryBatch("rtx-0", completions(100, seed=i), steps(10)))
+        fleet.ingest(batch("rtx-0", completions(100, seed=i), steps(10)))
     safe = fleet.kv_safe_n(fleet.replicas["rtx-0"])
     assert safe < 1024
     with pytest.raises(OverrideError, match="KV-safe"):
@@ -176,29 +180,29 @@ def test_n_above_kv_safe_needs_force(fleet: FleetController) -> None:
 
 def test_state_round_trip_resumes_without_cold_start(fleet: FleetController, clock: FakeClock) -> None:
     for i in range(3):
-        fleet.ingest(TelemetryBatch("h200-0", completions(100, seed=i), steps(30)))
+        fleet.ingest(batch("h200-0", completions(100, seed=i), steps(30)))
     fleet.set_override("rtx-0", k=5)
     before = {rid: fleet.thresholds(rid) for rid in fleet.replicas}
-    saved = json.loads(json.dumps(fleet.state()))
+    saved = persistence.parse(json.loads(fleet.state().model_dump_json()))  # through the store's JSON
 
     resumed = FleetController(ControllerConfig(update_every=100), clock=clock)
     resumed.restore(saved)
     after = {
-        "h200-0": resumed.register("h200-0", Mode.AUTO, 2_000_000, 1024, H200),
-        "rtx-0": resumed.register("rtx-0", Mode.AUTO, 600_000, 1024, RTX),
+        "h200-0": resumed.register(registration("h200-0", Mode.AUTO, 2_000_000, 1024, H200)),
+        "rtx-0": resumed.register(registration("rtx-0", Mode.AUTO, 600_000, 1024, RTX)),
     }
     assert after == before
     assert resumed.workload.state() == fleet.workload.state()
     assert len(resumed.history) == len(fleet.history)
     # and the next update continues the version sequence
-    resumed.ingest(TelemetryBatch("h200-0", completions(100, seed=9)))
+    resumed.ingest(batch("h200-0", completions(100, seed=9)))
     assert resumed.version == fleet.version + 1
 
 
 def test_new_replica_inherits_fleet_plan(fleet: FleetController) -> None:
     for i in range(2):
-        fleet.ingest(TelemetryBatch("h200-0", completions(100, seed=i), steps(10)))
-    t = fleet.register("h200-1", Mode.AUTO, 2_000_000, 1024, H200)
+        fleet.ingest(batch("h200-0", completions(100, seed=i), steps(10)))
+    t = fleet.register(registration("h200-1", Mode.AUTO, 2_000_000, 1024, H200))
     assert (t.k, t.n, t.active) == (
         fleet.thresholds("h200-0").k,
         fleet.thresholds("h200-0").n,
@@ -208,7 +212,7 @@ def test_new_replica_inherits_fleet_plan(fleet: FleetController) -> None:
 
 def test_forget_stale(fleet: FleetController, clock: FakeClock) -> None:
     clock.now += 100
-    fleet.ingest(TelemetryBatch("h200-0"))
+    fleet.ingest(batch("h200-0"))
     assert fleet.forget_stale(50) == ["rtx-0"]
     assert list(fleet.replicas) == ["h200-0"]
 
@@ -218,7 +222,7 @@ def test_pinned_k_follows_a_lowered_n(fleet: FleetController) -> None:
     fleet.set_override("rtx-0", k=900)
     assert fleet.thresholds("rtx-0").k == 900
     for i in range(3):  # small KV: the next plans cap N far below 900
-        fleet.ingest(TelemetryBatch("rtx-0", completions(100, seed=i), steps(10)))
+        fleet.ingest(batch("rtx-0", completions(100, seed=i), steps(10)))
     t = fleet.thresholds("rtx-0")
     assert t.n < 900 and t.k == t.n
 
@@ -228,7 +232,7 @@ def test_a_failing_replan_leaves_the_replica_on_its_plan_and_the_fleet_convergin
 ) -> None:
     """One replica's re-plan raising (here: its cost fit) must not stop the others' re-plan nor
     freeze that replica on an old version: it keeps its last plan under the new version, counted."""
-    fleet.ingest(TelemetryBatch("h200-0", completions(100), steps(10)))
+    fleet.ingest(batch("h200-0", completions(100), steps(10)))
     planned = {rid: fleet.replicas[rid].planner.last for rid in fleet.replicas}
     assert all(planned.values())
 
@@ -243,9 +247,9 @@ def test_a_failing_replan_leaves_the_replica_on_its_plan_and_the_fleet_convergin
     assert {rid: fleet.thresholds(rid).version for rid in fleet.replicas} == {"h200-0": version, "rtx-0": version}
     assert rtx.planner.last is planned["rtx-0"]  # kept
     assert fleet.replicas["h200-0"].planner.last is not planned["h200-0"]  # re-planned
-    assert fleet.snapshot()["plan_errors"] == 1
+    assert fleet.snapshot().plan_errors == 1
     resumed = FleetController(fleet.config)
-    resumed.restore(json.loads(json.dumps(fleet.state())))
+    resumed.restore(persistence.parse(json.loads(fleet.state().model_dump_json())))
     assert resumed.plan_errors == 1
 
 
@@ -256,15 +260,15 @@ def test_cold_auto_replica_leaves_mb_when_the_prior_prefers_eb_for_any_workload(
 
     rtx = resolve_profile("rtx-pro-6000")
     fc = FleetController(ControllerConfig(concurrency_ema=1.0), clock=clock)
-    fc.register("busy", Mode.AUTO, rtx.kv_capacity_tokens, 2048, rtx.cost_model())
-    fc.register("idle", Mode.AUTO, rtx.kv_capacity_tokens, 2048, rtx.cost_model())
-    fc.register("pinned", Mode.MB, rtx.kv_capacity_tokens, 2048, rtx.cost_model())
-    fc.ingest(TelemetryBatch("idle", (), (StepRecord(0, 4, 4, 0, 0.05),)))
-    fc.ingest(TelemetryBatch("pinned", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
+    fc.register(registration("busy", Mode.AUTO, rtx.kv_capacity_tokens, 2048, rtx.cost_model()))
+    fc.register(registration("idle", Mode.AUTO, rtx.kv_capacity_tokens, 2048, rtx.cost_model()))
+    fc.register(registration("pinned", Mode.MB, rtx.kv_capacity_tokens, 2048, rtx.cost_model()))
+    fc.ingest(batch("idle", (), (StepRecord(0, 4, 4, 0, 0.05),)))
+    fc.ingest(batch("pinned", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
     assert fc.version == 0
-    fc.ingest(TelemetryBatch("busy", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
+    fc.ingest(batch("busy", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
     assert fc.version == 1 and fc.history[-1].cause == "cold" and fc.workload.estimate is None
     current = {rid: (fc.thresholds(rid).active, fc.thresholds(rid).version) for rid in fc.replicas}
     assert current == {"busy": (Mode.EB, 1), "idle": (Mode.MB, 1), "pinned": (Mode.MB, 1)}
-    fc.ingest(TelemetryBatch("busy", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
+    fc.ingest(batch("busy", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
     assert fc.version == 1  # decided once

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ebplus.deploy.auth import Secret, bearer_token, load_secret
-from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
+
+from ebplus.deploy.auth import Secret, bearer_token, load_secret
+from ebplus.deploy.config import AuthSection
+from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit
 
 
 def app_with(key: str | None, max_bytes: int = 1024) -> TestClient:
@@ -85,8 +87,9 @@ def test_bearer_token_parsing(header: str | None, token: str | None) -> None:
 
 
 def guarded_app() -> TestClient:
-    from ebplus.deploy.middleware import ErrorResponses, JsonBodyGuard
     from fastapi.responses import PlainTextResponse
+
+    from ebplus.deploy.middleware import ErrorResponses, JsonBodyGuard
 
     app = FastAPI()
 
@@ -182,7 +185,7 @@ def test_full_ingress_app_refuses_hostile_bodies_before_the_handlers() -> None:
     """The same on the real app (Ray's OpenAI app + /admin); these were 500s on the live deployment."""
     from ebplus.deploy.ingress import make_app
 
-    c = TestClient(make_app(1 << 20, {"api_key_env": "EBPLUS_TEST_UNSET_KEY", "api_key_file": None}))
+    c = TestClient(make_app(1 << 20, AuthSection(api_key_env="EBPLUS_TEST_UNSET_KEY")))
     r = c.post("/v1/completions", content=b'{"model": "m", "prompt": "\\ud800"}', headers={"content-type": "application/json"})
     assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
     r = c.put("/admin/overrides", content=b"\xff", headers={"content-type": "text/plain"})
@@ -200,10 +203,11 @@ def test_replica_death_becomes_a_503_error_not_a_500_or_a_cut_stream(monkeypatch
     """
     import asyncio
 
-    from ebplus.deploy.ingress import EBPlusIngress
     from ray.exceptions import ActorDiedError
     from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
     from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
+
+    from ebplus.deploy.ingress import EBPlusIngress
 
     async def dying(self, **kwargs):
         for i in range(chunks_before):
@@ -279,8 +283,9 @@ def test_token_comparison_is_constant_time(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_body_that_crashes_a_validator_is_400_not_500(body: dict) -> None:
     """vLLM's own ChatCompletionRequest raises TypeError in before-validators on these shapes (500s found by
     schemathesis on the live deployment); the ingress answers them 400 with the reason."""
-    from ebplus.deploy.ingress import install_body_crash_handlers
     from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+
+    from ebplus.deploy.ingress import install_body_crash_handlers
 
     app = FastAPI()
 
@@ -315,9 +320,10 @@ def test_chat_messages_of_the_wrong_shape_are_400_not_500(monkeypatch: pytest.Mo
     """These pass parsing and used to fail further on (Ray's sanitiser, the replica's renderer) as 500s."""
     import asyncio
 
-    from ebplus.deploy.ingress import EBPlusIngress
     from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ErrorResponse
     from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
+
+    from ebplus.deploy.ingress import EBPlusIngress
 
     async def must_not_run(self, **kwargs):
         raise AssertionError("the request should not reach a replica")
@@ -334,14 +340,17 @@ def test_chat_messages_of_the_wrong_shape_are_400_not_500(monkeypatch: pytest.Mo
 
 
 def test_replicas_start_with_the_configured_cold_theta() -> None:
-    """Before the controller's first reply a replica runs k = floor(theta_cold * N) of *this* config."""
-    from ebplus.deploy.app import engine_env
+    """Before the controller's first reply a replica runs k = floor(theta_cold * N) of *this* config:
+    the deployment's sections reach the scheduler through vLLM's additional_config."""
+    from ebplus.deploy.app import engine_kwargs
     from ebplus.deploy.config import parse_config
+    from ebplus.replicas import settings
 
-    cfg = parse_config({"engine": {"max_num_seqs": 64}, "controller": {"planner": {"theta_cold": 0.25}}})
-    assert engine_env(cfg)["EBPLUS_K"] == "16"
-    cfg = parse_config({"engine": {"max_num_seqs": 64}, "scheduler": {"n": 40}})
-    assert engine_env(cfg)["EBPLUS_K"] == "4"  # default theta_cold 0.10 of N = 40
-    cfg = parse_config({"engine": {"max_num_seqs": 64}, "scheduler": {"k": 7}})
-    assert engine_env(cfg)["EBPLUS_K"] == "7"  # an explicit k wins
+    def start_k(data: dict) -> int:
+        engine = settings.load(engine_kwargs(parse_config(data))["additional_config"], env={"EBPLUS_K": "3"})
+        return engine.scheduler.initial(64, engine.theta_cold).k
+
+    assert start_k({"engine": {"max_num_seqs": 64}, "controller": {"planner": {"theta_cold": 0.25}}}) == 16
+    assert start_k({"engine": {"max_num_seqs": 64}, "scheduler": {"n": 40}}) == 4  # default theta_cold 0.10 of 40
+    assert start_k({"engine": {"max_num_seqs": 64}, "scheduler": {"k": 7}}) == 7  # an explicit k wins
 

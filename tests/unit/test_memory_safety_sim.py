@@ -10,8 +10,9 @@ preemptions by >10x). The engine counterpart is ``tests/engine/test_memory_safet
 from __future__ import annotations
 
 import pytest
+
 from ebplus.bench.memory_safety import sim_plan, sim_preemptions, sim_requests
-from ebplus.controller.planner import PlannerConfig
+from ebplus.controller.config import PlannerConfig
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
-from ebplus.replicas.phases import EngineView, Mode, Phase, PhaseMachine, ThresholdUpdate
+
+from ebplus.controller.messages import Mode, StepKind, ThresholdUpdate
+from ebplus.replicas.phases import EngineView, PhaseMachine
 
 
 def machine(mode: Mode = Mode.EB, k: int = 4, n: int = 16, active: Mode = Mode.MB) -> PhaseMachine:
@@ -37,12 +40,13 @@ def test_threshold_update_rejects(kwargs: dict, match: str) -> None:
         ("v0", "mb", Mode.EB),
         ("auto", "eb", Mode.EB),
         ("auto", "mb", Mode.MB),
+        ("shadow", "eb", Mode.MB),  # shadow publishes the controller's choice but runs MB
     ],
 )
 def test_active_implied_by_mode(mode: str, active: str, expected: Mode) -> None:
     th = ThresholdUpdate(mode=mode, k=2, n=8, active=active)
     assert th.active is expected
-    assert th.as_dict()["active"] == expected.value
+    assert msgspec.to_builtins(th)["active"] == expected.value  # what travels on the wire
 
 
 def test_v0_uses_k_one() -> None:
@@ -56,15 +60,15 @@ def test_v0_uses_k_one() -> None:
 @pytest.mark.parametrize(
     ("view", "phase", "admit"),
     [
-        (EngineView(running=10, prefilling=0, waiting=3), Phase.MIXED, 6),
-        (EngineView(running=16, prefilling=0, waiting=3), Phase.DECODE, 0),
-        (EngineView(running=0, prefilling=0, waiting=3), Phase.PREFILL, 16),
-        (EngineView(running=4, prefilling=4, waiting=0), Phase.PREFILL, 12),
-        (EngineView(running=0, prefilling=0, waiting=0), Phase.IDLE, 16),
-        (EngineView(running=20, prefilling=0, waiting=3), Phase.DECODE, 0),  # N lowered below running
+        (EngineView(running=10, prefilling=0, waiting=3), StepKind.MIXED, 6),
+        (EngineView(running=16, prefilling=0, waiting=3), StepKind.DECODE, 0),
+        (EngineView(running=0, prefilling=0, waiting=3), StepKind.PREFILL, 16),
+        (EngineView(running=4, prefilling=4, waiting=0), StepKind.PREFILL, 12),
+        (EngineView(running=0, prefilling=0, waiting=0), StepKind.IDLE, 16),
+        (EngineView(running=20, prefilling=0, waiting=3), StepKind.DECODE, 0),  # N lowered below running
     ],
 )
-def test_mb_always_allows_both(view: EngineView, phase: Phase, admit: int) -> None:
+def test_mb_always_allows_both(view: EngineView, phase: StepKind, admit: int) -> None:
     plan = machine(Mode.MB).decide(view)
     assert (plan.phase, plan.decode, plan.prefill, plan.max_admit) == (phase, True, True, admit)
 
@@ -81,20 +85,20 @@ def test_eb_decodes_until_k_slots_free_then_refills_to_n() -> None:
     m = machine(Mode.EB, k=4, n=16)
     # cold start: nothing decoding, requests waiting -> prefill at once
     plan = m.decide(EngineView(running=0, prefilling=0, waiting=40))
-    assert (plan.phase, plan.decode, plan.max_admit) == (Phase.PREFILL, False, 16)
+    assert (plan.phase, plan.decode, plan.max_admit) == (StepKind.PREFILL, False, 16)
     m.observe(admitted=16, prefill_tokens=1000, running_after=16)
     # all admitted and prompts done: nothing more to admit -> decode
     plan = m.decide(EngineView(running=16, prefilling=0, waiting=24))
-    assert (plan.phase, plan.prefill, plan.max_admit) == (Phase.DECODE, False, 0)
+    assert (plan.phase, plan.prefill, plan.max_admit) == (StepKind.DECODE, False, 0)
     # 3 free slots < k: keep decoding
-    assert m.decide(EngineView(running=13, prefilling=0, waiting=24)).phase is Phase.DECODE
+    assert m.decide(EngineView(running=13, prefilling=0, waiting=24)).phase is StepKind.DECODE
     # 4 free slots == k: prefill phase refilling exactly the free slots
     plan = m.decide(EngineView(running=12, prefilling=0, waiting=24))
-    assert (plan.phase, plan.max_admit) == (Phase.PREFILL, 4)
+    assert (plan.phase, plan.max_admit) == (StepKind.PREFILL, 4)
     m.observe(admitted=2, prefill_tokens=64, running_after=14)
     # chunked prefill continues; the rest is admitted in the same phase
     plan = m.decide(EngineView(running=14, prefilling=1, waiting=22))
-    assert (plan.phase, plan.max_admit) == (Phase.PREFILL, 2)
+    assert (plan.phase, plan.max_admit) == (StepKind.PREFILL, 2)
     assert m.stats.prefill_phases == 2
     assert m.stats.phase_switches == 3
 
@@ -102,17 +106,17 @@ def test_eb_decodes_until_k_slots_free_then_refills_to_n() -> None:
 def test_eb_prefill_when_nothing_decodes_even_below_k() -> None:
     m = machine(Mode.EB, k=8, n=16)
     plan = m.decide(EngineView(running=0, prefilling=0, waiting=2))
-    assert (plan.phase, plan.max_admit) == (Phase.PREFILL, 2)
+    assert (plan.phase, plan.max_admit) == (StepKind.PREFILL, 2)
 
 
 def test_eb_light_load_threshold_is_on_admissible_requests() -> None:
     m = machine(Mode.EB, k=4, n=16)
     m.decide(EngineView(running=0, prefilling=0, waiting=6))
     m.observe(6, 600, 6)
-    assert m.decide(EngineView(running=6, prefilling=0, waiting=0)).phase is Phase.DECODE
+    assert m.decide(EngineView(running=6, prefilling=0, waiting=0)).phase is StepKind.DECODE
     # 10 free slots but only 3 waiting: not yet k admissible requests
-    assert m.decide(EngineView(running=6, prefilling=0, waiting=3)).phase is Phase.DECODE
-    assert m.decide(EngineView(running=6, prefilling=0, waiting=4)).phase is Phase.PREFILL
+    assert m.decide(EngineView(running=6, prefilling=0, waiting=3)).phase is StepKind.DECODE
+    assert m.decide(EngineView(running=6, prefilling=0, waiting=4)).phase is StepKind.PREFILL
 
 
 def test_eb_drain_admits_stragglers_once_k_slots_freed() -> None:
@@ -121,26 +125,26 @@ def test_eb_drain_admits_stragglers_once_k_slots_freed() -> None:
     m = machine(Mode.EB, k=4, n=16)
     m.decide(EngineView(running=0, prefilling=0, waiting=18))
     m.observe(16, 1600, 16)
-    assert m.decide(EngineView(running=16, prefilling=0, waiting=2)).phase is Phase.DECODE
-    assert m.decide(EngineView(running=13, prefilling=0, waiting=2)).phase is Phase.DECODE  # 3 freed < k
+    assert m.decide(EngineView(running=16, prefilling=0, waiting=2)).phase is StepKind.DECODE
+    assert m.decide(EngineView(running=13, prefilling=0, waiting=2)).phase is StepKind.DECODE  # 3 freed < k
     plan = m.decide(EngineView(running=12, prefilling=0, waiting=2))
-    assert (plan.phase, plan.max_admit) == (Phase.PREFILL, 2)
+    assert (plan.phase, plan.max_admit) == (StepKind.PREFILL, 2)
     m.observe(2, 200, 14)
-    assert m.decide(EngineView(running=14, prefilling=0, waiting=0)).phase is Phase.DECODE
+    assert m.decide(EngineView(running=14, prefilling=0, waiting=0)).phase is StepKind.DECODE
     # the count restarts at the new refill (14 running); one more request arrives
-    assert m.decide(EngineView(running=14, prefilling=0, waiting=1)).phase is Phase.DECODE
-    assert m.decide(EngineView(running=11, prefilling=0, waiting=1)).phase is Phase.DECODE
-    assert m.decide(EngineView(running=10, prefilling=0, waiting=1)).phase is Phase.PREFILL
+    assert m.decide(EngineView(running=14, prefilling=0, waiting=1)).phase is StepKind.DECODE
+    assert m.decide(EngineView(running=11, prefilling=0, waiting=1)).phase is StepKind.DECODE
+    assert m.decide(EngineView(running=10, prefilling=0, waiting=1)).phase is StepKind.PREFILL
 
 
 def test_eb_freed_count_starts_at_a_kv_backoff() -> None:
     m = machine(Mode.EB, k=3, n=16)
-    m.phase = Phase.DECODE
-    assert m.decide(EngineView(running=10, prefilling=0, waiting=2)).phase is Phase.DECODE
+    m.phase = StepKind.DECODE
+    assert m.decide(EngineView(running=10, prefilling=0, waiting=2)).phase is StepKind.DECODE
     m.decide(EngineView(running=10, prefilling=0, waiting=3))
     m.observe(admitted=0, prefill_tokens=0, running_after=10)  # no blocks: back off at 10 running
-    assert m.decide(EngineView(running=8, prefilling=0, waiting=2)).phase is Phase.DECODE  # 2 freed
-    assert m.decide(EngineView(running=7, prefilling=0, waiting=2)).phase is Phase.PREFILL  # 3 freed
+    assert m.decide(EngineView(running=8, prefilling=0, waiting=2)).phase is StepKind.DECODE  # 2 freed
+    assert m.decide(EngineView(running=7, prefilling=0, waiting=2)).phase is StepKind.PREFILL  # 3 freed
 
 
 def test_eb_freed_count_not_carried_over_mb_steps() -> None:
@@ -152,36 +156,36 @@ def test_eb_freed_count_not_carried_over_mb_steps() -> None:
     m.decide(EngineView(running=16, prefilling=0, waiting=0))
     m.apply(ThresholdUpdate(mode=Mode.AUTO, k=4, n=16, active=Mode.EB))
     # 6 fewer running than at the EB refill, but MB steps ran since: only admissible >= k counts
-    assert m.decide(EngineView(running=10, prefilling=0, waiting=2)).phase is Phase.DECODE
+    assert m.decide(EngineView(running=10, prefilling=0, waiting=2)).phase is StepKind.DECODE
 
 
 def test_eb_running_prefill_chunks_pull_into_prefill_phase() -> None:
     m = machine(Mode.EB, k=4, n=16)
-    m.phase = Phase.DECODE
+    m.phase = StepKind.DECODE
     plan = m.decide(EngineView(running=5, prefilling=1, waiting=0))
-    assert (plan.phase, plan.decode, plan.prefill) == (Phase.PREFILL, False, True)
+    assert (plan.phase, plan.decode, plan.prefill) == (StepKind.PREFILL, False, True)
 
 
 def test_eb_idle_when_nothing_to_do() -> None:
     plan = machine(Mode.EB).decide(EngineView(running=0, prefilling=0, waiting=0))
-    assert (plan.phase, plan.decode, plan.prefill) == (Phase.IDLE, False, False)
+    assert (plan.phase, plan.decode, plan.prefill) == (StepKind.IDLE, False, False)
 
 
 def test_v0_prefills_as_soon_as_one_slot_is_free() -> None:
     m = machine(Mode.V0, k=4, n=4)
     m.decide(EngineView(running=0, prefilling=0, waiting=9))
     m.observe(4, 100, 4)
-    assert m.decide(EngineView(running=4, prefilling=0, waiting=5)).phase is Phase.DECODE
-    assert m.decide(EngineView(running=3, prefilling=0, waiting=5)).phase is Phase.PREFILL
+    assert m.decide(EngineView(running=4, prefilling=0, waiting=5)).phase is StepKind.DECODE
+    assert m.decide(EngineView(running=3, prefilling=0, waiting=5)).phase is StepKind.PREFILL
 
 
 def test_apply_governs_next_decision() -> None:
     m = machine(Mode.AUTO, k=4, n=16, active=Mode.MB)
     view = EngineView(running=10, prefilling=0, waiting=3)
-    assert m.decide(view).phase is Phase.MIXED
+    assert m.decide(view).phase is StepKind.MIXED
     m.apply(ThresholdUpdate(mode=Mode.AUTO, k=2, n=12, active=Mode.EB, version=7))
     plan = m.decide(view)
-    assert (plan.phase, plan.max_admit) == (Phase.PREFILL, 2)
+    assert (plan.phase, plan.max_admit) == (StepKind.PREFILL, 2)
     assert m.thresholds.version == 7
 
 
@@ -190,15 +194,15 @@ def test_apply_governs_next_decision() -> None:
 
 def test_reactive_backoff_until_a_request_finishes() -> None:
     m = machine(Mode.EB, k=2, n=16)
-    m.phase = Phase.DECODE
-    assert m.decide(EngineView(running=8, prefilling=0, waiting=5)).phase is Phase.PREFILL
+    m.phase = StepKind.DECODE
+    assert m.decide(EngineView(running=8, prefilling=0, waiting=5)).phase is StepKind.PREFILL
     m.observe(admitted=0, prefill_tokens=0, running_after=8)  # the engine had no blocks
     assert m.stats.kv_backoffs == 1
     # same running count: stay in decode, do not retry
     for _ in range(3):
-        assert m.decide(EngineView(running=8, prefilling=0, waiting=5)).phase is Phase.DECODE
+        assert m.decide(EngineView(running=8, prefilling=0, waiting=5)).phase is StepKind.DECODE
     # one finished: try again
-    assert m.decide(EngineView(running=7, prefilling=0, waiting=5)).phase is Phase.PREFILL
+    assert m.decide(EngineView(running=7, prefilling=0, waiting=5)).phase is StepKind.PREFILL
 
 
 def test_no_backoff_when_the_step_computed_prompt_chunks() -> None:
@@ -206,14 +210,14 @@ def test_no_backoff_when_the_step_computed_prompt_chunks() -> None:
     m.decide(EngineView(running=3, prefilling=1, waiting=5))
     m.observe(admitted=0, prefill_tokens=64, running_after=3)
     assert m.stats.kv_backoffs == 0
-    assert m.decide(EngineView(running=3, prefilling=1, waiting=5)).phase is Phase.PREFILL
+    assert m.decide(EngineView(running=3, prefilling=1, waiting=5)).phase is StepKind.PREFILL
 
 
 def test_backoff_released_when_nothing_runs() -> None:
     m = machine(Mode.EB, k=2, n=16)
     m.decide(EngineView(running=1, prefilling=0, waiting=5))
     m.observe(admitted=0, prefill_tokens=0, running_after=1)
-    assert m.decide(EngineView(running=0, prefilling=0, waiting=5)).phase is Phase.PREFILL
+    assert m.decide(EngineView(running=0, prefilling=0, waiting=5)).phase is StepKind.PREFILL
 
 
 def test_mb_steps_never_back_off() -> None:
@@ -226,13 +230,13 @@ def test_mb_steps_never_back_off() -> None:
 
 def test_predictive_head_fits_defers_prefill_while_decodes_run() -> None:
     m = machine(Mode.EB, k=2, n=16)
-    m.phase = Phase.DECODE
+    m.phase = StepKind.DECODE
     full = EngineView(running=8, prefilling=0, waiting=5, head_fits=False)
     for _ in range(3):
         plan = m.decide(full)
-        assert (plan.phase, plan.max_admit) == (Phase.DECODE, 0)
+        assert (plan.phase, plan.max_admit) == (StepKind.DECODE, 0)
     assert m.stats.kv_backoffs == 0  # nothing was attempted, nothing failed
-    assert m.decide(EngineView(running=8, prefilling=0, waiting=5, head_fits=True)).phase is Phase.PREFILL
+    assert m.decide(EngineView(running=8, prefilling=0, waiting=5, head_fits=True)).phase is StepKind.PREFILL
 
 
 def test_predictive_head_fits_ends_a_prefill_phase() -> None:
@@ -240,14 +244,14 @@ def test_predictive_head_fits_ends_a_prefill_phase() -> None:
     m.decide(EngineView(running=4, prefilling=0, waiting=5))
     m.observe(2, 200, 6)
     plan = m.decide(EngineView(running=6, prefilling=0, waiting=3, head_fits=False))
-    assert plan.phase is Phase.DECODE
+    assert plan.phase is StepKind.DECODE
 
 
 def test_head_fits_ignored_when_nothing_runs() -> None:
     # nothing will free blocks: the engine's own admission attempt decides
     m = machine(Mode.EB, k=2, n=16)
     plan = m.decide(EngineView(running=0, prefilling=0, waiting=5, head_fits=False))
-    assert (plan.phase, plan.max_admit) == (Phase.PREFILL, 5)
+    assert (plan.phase, plan.max_admit) == (StepKind.PREFILL, 5)
 
 
 def test_engine_view_defaults_to_head_fits() -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from pydantic import TypeAdapter
+
 from ebplus.controller import theory
+from ebplus.controller.config import PlannerConfig
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import Estimate
-from ebplus.controller.planner import Plan, PlannerConfig, ThresholdPlanner
-from ebplus.replicas.phases import Mode
+from ebplus.controller.messages import Mode
+from ebplus.controller.planner import Plan, ThresholdPlanner
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
@@ -120,10 +123,11 @@ def test_cooldown_holds_mode_after_switch() -> None:
     assert p.plan(estimate(), cost_with_mixing(-2e-5), 10**9, 5000).active is Mode.MB
 
 
-def test_plan_round_trips_through_dict() -> None:
+def test_plan_round_trips_through_json() -> None:
     p = ThresholdPlanner(PlannerConfig(max_num_seqs=1024))
     plan = p.plan(estimate(eta=1e-6), cost_with_mixing(1e-4), 10**9, 5000)
-    assert Plan.from_dict(plan.as_dict()) == plan
+    adapter = TypeAdapter(Plan)
+    assert adapter.validate_json(adapter.dump_json(plan)) == plan
 
 
 @pytest.mark.parametrize(

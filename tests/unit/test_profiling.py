@@ -1,22 +1,24 @@
-"""``ebplus profile`` without an engine: config loading, the fit over step rows, the CLI wiring."""
+"""``ebplus profile`` without an engine: config loading, the fit over recorded steps, the CLI wiring."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
+import msgspec
 import pytest
-from ebplus.controller.cost_model import CostModel
-from ebplus.replicas import profiling
-from ebplus.replicas.cli import _load_config
-from ebplus.replicas.profiling import ProfilePlan
 
+from ebplus.bench import profiling
+from ebplus.bench.profile import _load_config
+from ebplus.bench.profiling import ProfilePlan
 from ebplus.cli import main
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.messages import StepRecord
 
 TRUE = CostModel(alpha_p=0.02, beta_p=3e-3, alpha_d=0.03, beta_d=1.8e-3, beta_mb=(3e-3, -1.5e-3, 4e-4), alpha_mb=0.025)
 
 
-def synthetic_rows(model: CostModel, noise: float = 0.01, stalled: float = 0.3, seed: int = 0) -> list[list]:
+def synthetic_rows(model: CostModel, noise: float = 0.01, stalled: float = 0.3, seed: int = 0) -> list[StepRecord]:
     """Three repeats of every profiling shape; a fraction ``stalled`` slowed 3-30x (a shared machine)."""
     rng = random.Random(seed)
     shapes = [(p, 0) for p in ProfilePlan().prefill_lengths] + [(c * n, 0) for c, n in ProfilePlan().prefill_packs]
@@ -27,7 +29,7 @@ def synthetic_rows(model: CostModel, noise: float = 0.01, stalled: float = 0.3, 
         t = model.step_seconds(p, d) * (1 + abs(rng.gauss(0, noise)))
         if rng.random() < stalled:
             t *= rng.uniform(3, 30)
-        rows.append([p, d, d + (p > 0), 0, t, "x"])
+        rows.append(StepRecord(p, d, d + (p > 0), 0, t))
     return rows
 
 
@@ -48,8 +50,8 @@ def test_fit_recovers_the_cost_model_from_contaminated_rows() -> None:
 TRUE_KV = TRUE.model_copy(update={"beta_kv": 2e-6})
 
 
-def sweep_rows_with_kv(model: CostModel, stalled: float = 0.3, seed: int = 0) -> list[list]:
-    """Seven-field rows as the profiler records them, the decodes' KV reads included.
+def sweep_rows_with_kv(model: CostModel, stalled: float = 0.3, seed: int = 0) -> list[StepRecord]:
+    """Steps as the profiler records them, the decodes' KV reads included.
 
     Decode sweeps at two prompt lengths (the batch shrinks while the context grows, the
     confound the KV column resolves), mixed steps over long-lived decodes, prefill steps.
@@ -70,7 +72,7 @@ def sweep_rows_with_kv(model: CostModel, stalled: float = 0.3, seed: int = 0) ->
         t = model.step_seconds(p, d, kv) * (1 + abs(rng.gauss(0, 0.01)))
         if rng.random() < stalled:
             t *= rng.uniform(3, 30)
-        rows.append([p, d, d + (p > 0), 0, t, "x", kv])
+        rows.append(StepRecord(p, d, d + (p > 0), 0, t, kv))
     return rows
 
 
@@ -81,20 +83,21 @@ def test_fit_separates_kv_reads_from_the_batch_size() -> None:
     assert m.alpha_d == pytest.approx(TRUE_KV.alpha_d, rel=0.1)
     assert m.beta_d == pytest.approx(TRUE_KV.beta_d, rel=0.15)
     assert max(profiling.residuals(m, rows).values()) < 0.05
-    # the same rows without their KV field: the reads are absorbed and beta_kv stays 0
-    assert profiling.fit_profile([r[:6] for r in rows]).model.beta_kv == 0.0
+    # the same steps from an engine that does not report KV reads: absorbed, and beta_kv stays 0
+    blind = [msgspec.structs.replace(r, kv_tokens=0) for r in rows]
+    assert profiling.fit_profile(blind).model.beta_kv == 0.0
 
 
 def test_lower_envelope_keeps_the_fastest_repeat_of_each_shape() -> None:
-    rows = [[64, 0, 1, 0, 0.5, "prefill"], [64, 0, 1, 0, 0.1, "prefill"], [0, 8, 8, 0, 0.2, "decode"]]
-    assert profiling.lower_envelope(rows) == [[64, 0, 1, 0, 0.1, "prefill"], [0, 8, 8, 0, 0.2, "decode"]]
+    rows = [StepRecord(64, 0, 1, 0, 0.5), StepRecord(64, 0, 1, 0, 0.1), StepRecord(0, 8, 8, 0, 0.2)]
+    assert profiling.lower_envelope(rows) == [StepRecord(64, 0, 1, 0, 0.1), StepRecord(0, 8, 8, 0, 0.2)]
     # the same batch reading another context is another shape
-    kv_rows = [[0, 8, 8, 0, 0.2, "decode", 800], [0, 8, 8, 0, 0.3, "decode", 1600], [0, 8, 8, 0, 0.25, "decode", 800]]
+    kv_rows = [StepRecord(0, 8, 8, 0, 0.2, 800), StepRecord(0, 8, 8, 0, 0.3, 1600), StepRecord(0, 8, 8, 0, 0.25, 800)]
     assert profiling.lower_envelope(kv_rows) == kv_rows[:2]
 
 
 def test_fit_refuses_missing_step_kinds() -> None:
-    rows = [r for r in synthetic_rows(TRUE) if r[1] == 0]
+    rows = [r for r in synthetic_rows(TRUE) if r.decode_tokens == 0]
     with pytest.raises(ValueError, match=r"could not fit \['decode', 'mixed'\]"):
         profiling.fit_profile(rows)
 

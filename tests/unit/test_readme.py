@@ -17,9 +17,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from ebplus.controller.exporter import METRICS
 from ebplus.deploy.config import ServeConfig
-from pydantic import BaseModel
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()

@@ -3,7 +3,24 @@
 from __future__ import annotations
 
 import pytest
-from ebplus.replicas.recorder import COUNTERS, TelemetryRecorder, step_kind
+
+from ebplus.controller.messages import (
+    CompletionRecord,
+    DrainReport,
+    EngineFacts,
+    EngineStats,
+    FinishReason,
+    Mode,
+    StepKind,
+    StepRecord,
+    ThresholdUpdate,
+    decode,
+    encode,
+)
+from ebplus.replicas.recorder import TelemetryRecorder
+
+FACTS = EngineFacts(kv_capacity_tokens=1000, max_num_seqs=8, device="cpu")
+APPLIED = ThresholdUpdate(mode=Mode.MB, k=1, n=8)
 
 
 class Clock:
@@ -21,7 +38,7 @@ def recorder(capacity: int = 100, warmup: int = 0) -> tuple[TelemetryRecorder, C
 
 @pytest.mark.parametrize(("p", "d", "kind"), [(5, 0, "prefill"), (0, 3, "decode"), (5, 3, "mixed"), (0, 0, "idle")])
 def test_step_kind(p: int, d: int, kind: str) -> None:
-    assert step_kind(p, d) == kind
+    assert StepKind.of(p, d) == kind
 
 
 def test_sync_steps_are_timed_from_schedule_exit_to_update() -> None:
@@ -32,13 +49,14 @@ def test_sync_steps_are_timed_from_schedule_exit_to_update() -> None:
         rec.scheduled(key, p, d, running=8, waiting=2, preempted=0, t_exit=clock.t + 0.001)
         clock.t += 0.5
         rec.updated(key)
-    out = rec.drain()
-    assert out["steps"] == [
-        [64, 0, 8, 2, pytest.approx(0.499), "prefill", 0],
-        [0, 8, 8, 2, pytest.approx(0.499), "decode", 0],
-        [10, 7, 8, 2, pytest.approx(0.499), "mixed", 0],
+    out = drain(rec)
+    assert [(s.prefill_tokens, s.decode_tokens, s.running, s.waiting, s.kind) for s in out.steps] == [
+        (64, 0, 8, 2, "prefill"),
+        (0, 8, 8, 2, "decode"),
+        (10, 7, 8, 2, "mixed"),
     ]
-    assert (out["stats"]["steps_prefill"], out["stats"]["steps_decode"], out["stats"]["steps_mixed"]) == (1, 1, 1)
+    assert [s.seconds for s in out.steps] == [pytest.approx(0.499)] * 3
+    assert (out.stats.steps_prefill, out.stats.steps_decode, out.stats.steps_mixed) == (1, 1, 1)
 
 
 def test_step_rows_carry_the_kv_the_decodes_read() -> None:
@@ -47,7 +65,7 @@ def test_step_rows_carry_the_kv_the_decodes_read() -> None:
     rec.scheduled(key, 0, 4, running=4, waiting=0, preempted=0, t_exit=0.0, kv_tokens=4 * 700)
     clock.t = 0.02
     rec.updated(key)
-    assert rec.drain()["steps"] == [[0, 4, 4, 0, pytest.approx(0.02), "decode", 2800]]
+    assert drain(rec).steps == [StepRecord(0, 4, 4, 0, pytest.approx(0.02), 2800)]
 
 
 def test_batch_queue_overlap_starts_a_step_at_the_previous_update() -> None:
@@ -60,7 +78,7 @@ def test_batch_queue_overlap_starts_a_step_at_the_previous_update() -> None:
     rec.updated(a)
     clock.t = 1.8
     rec.updated(b)
-    secs = [row[4] for row in rec.drain()["steps"]]
+    secs = [s.seconds for s in drain(rec).steps]
     assert secs == [pytest.approx(1.0), pytest.approx(0.8)]
 
 
@@ -71,11 +89,11 @@ def test_empty_steps_are_counted_not_recorded() -> None:
     rec.updated(idle)
     rec.scheduled(busy, 0, 0, running=3, waiting=2, preempted=1, t_exit=0.0)
     rec.updated(busy)
-    out = rec.drain()
-    assert out["steps"] == []
-    assert out["stats"]["steps_idle"] == 2
-    assert out["stats"]["steps_empty_busy"] == 1
-    assert out["stats"]["preemptions"] == 1
+    out = drain(rec)
+    assert out.steps == []
+    assert out.stats.steps_idle == 2
+    assert out.stats.steps_empty_busy == 1
+    assert out.stats.preemptions == 1
 
 
 def test_warmup_steps_are_withheld_and_counted() -> None:
@@ -89,10 +107,10 @@ def test_warmup_steps_are_withheld_and_counted() -> None:
         rec.scheduled(key, 0, 2, 2, 0, 0, t_exit=clock.t)
         clock.t += 1.0
         rec.updated(key)
-    out = rec.drain()
-    assert len(out["steps"]) == 1
-    assert out["stats"]["steps_warmup"] == 2
-    assert out["stats"]["steps_decode"] == 3
+    out = drain(rec)
+    assert len(out.steps) == 1
+    assert out.stats.steps_warmup == 2
+    assert out.stats.steps_decode == 3
 
 
 def test_unknown_output_is_ignored() -> None:
@@ -101,34 +119,39 @@ def test_unknown_output_is_ignored() -> None:
     rec.scheduled(key, 0, 1, 1, 0, 0, t_exit=0.0)
     rec.updated(object())  # not scheduled through the recorder
     rec.updated(key)
-    assert len(rec.drain()["steps"]) == 1
+    assert len(drain(rec).steps) == 1
 
 
 def test_bounded_buffers_drop_oldest_and_count() -> None:
     rec, _ = recorder(capacity=3)
     for i in range(5):
-        rec.finished(10 + i, 5, "stop")
+        rec.finished(CompletionRecord(10 + i, 5, FinishReason.STOP))
         key = object()
         rec.scheduled(key, i + 1, 0, 1, 0, 0, t_exit=0.0)
         rec.updated(key)
-    out = rec.drain()
-    assert [c[0] for c in out["completions"]] == [12, 13, 14]
-    assert [s[0] for s in out["steps"]] == [3, 4, 5]
-    assert (out["dropped_completions"], out["dropped_steps"]) == (2, 2)
-    again = rec.drain()
-    assert again["completions"] == again["steps"] == []
-    assert again["dropped_completions"] == again["dropped_steps"] == 0
-    assert again["stats"]["steps_prefill"] == 5  # counters are cumulative
+    out = drain(rec)
+    assert [c.input_len for c in out.completions] == [12, 13, 14]
+    assert [s.prefill_tokens for s in out.steps] == [3, 4, 5]
+    assert (out.dropped_completions, out.dropped_steps) == (2, 2)
+    again = drain(rec)
+    assert again.completions == again.steps == []
+    assert again.dropped_completions == again.dropped_steps == 0
+    assert again.stats.steps_prefill == 5  # counters are cumulative
 
 
-def test_drain_contract() -> None:
+def test_drain_report_round_trips_the_wire() -> None:
+    """What the scheduler hands its replica crosses vLLM's IPC as bytes and comes back the same."""
     rec, _ = recorder()
-    rec.finished(7, 3, "length")
-    out = rec.drain()
-    assert set(out) == {"completions", "steps", "dropped_completions", "dropped_steps", "stats"}
-    assert out["completions"] == [[7, 3, "length"]]
-    assert tuple(out["stats"]) == COUNTERS
-    assert all(isinstance(v, int | float) and v >= 0 for v in out["stats"].values())
+    rec.finished(CompletionRecord(7, 3, FinishReason.LENGTH, seq=4, max_tokens=3, cached_tokens=2))
+    out = rec.drain(FACTS, APPLIED, counters={"phase_switches": 5})
+    assert decode(encode(out), DrainReport) == out
+    assert out.completions == [CompletionRecord(7, 3, FinishReason.LENGTH, seq=4, max_tokens=3, cached_tokens=2)]
+    assert out.stats == EngineStats(phase_switches=5)
+    assert (out.facts, out.applied) == (FACTS, APPLIED)
+
+
+def drain(rec: TelemetryRecorder) -> DrainReport:
+    return rec.drain(FACTS, APPLIED)
 
 
 def test_capacity_must_be_positive() -> None:

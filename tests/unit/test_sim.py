@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+
 from ebplus.bench.sim import Policy, SimConfig, simulate
 from ebplus.bench.workloads import LengthSpec, PhaseSpec, Schedule, Workload, build_requests
 from ebplus.controller import theory

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from factories import batch, registration
+
 from ebplus.bench import distributions as dist
 from ebplus.controller import theory
+from ebplus.controller.config import ControllerConfig, PlannerConfig
+from ebplus.controller.cost_fit import CostModelFitter
 from ebplus.controller.cost_model import CostModel
-from ebplus.controller.estimator import CostModelFitter, Estimate, WorkloadEstimator
-from ebplus.controller.fleet import ControllerConfig, FleetController
-from ebplus.controller.planner import PlannerConfig, ThresholdPlanner
-from ebplus.controller.telemetry import CompletionRecord, FinishReason, StepRecord, TelemetryBatch, check_step
-from ebplus.replicas.phases import Mode
+from ebplus.controller.estimator import Estimate, WorkloadEstimator
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.messages import CompletionRecord, EngineStats, FinishReason, Mode, StepRecord
+from ebplus.controller.planner import ThresholdPlanner
+from ebplus.controller.telemetry import check_step
 
 KV = CostModel(
     alpha_p=1e-3, beta_p=2.5e-5, alpha_d=6e-3, beta_d=3e-5, beta_mb=(2.5e-5, 1e-5, 5e-6), alpha_mb=1e-3, beta_kv=3e-8
@@ -78,12 +82,9 @@ def test_prior_regularised_fit_follows_informative_data() -> None:
 
 
 def test_step_record_kv_tokens_validated() -> None:
-    assert check_step(StepRecord(0, 4, 4, 0, 0.01, "decode", 4000)).kv_tokens == 4000
-    assert (
-        check_step({"prefill_tokens": 0, "decode_tokens": 4, "running": 4, "waiting": 0, "seconds": 0.01}).kv_tokens
-        == 0
-    )
-    assert check_step(StepRecord(0, 4, 4, 0, 0.01, "decode", -5)) == "negative"
+    assert check_step(StepRecord(0, 4, 4, 0, 0.01, 4000)).kv_tokens == 4000
+    assert check_step(StepRecord(0, 4, 4, 0, 0.01)).kv_tokens == 0  # not reported by the engine
+    assert check_step(StepRecord(0, 4, 4, 0, 0.01, -5)) == "negative"
 
 
 def test_folded_cost_prices_kv_at_the_mean_context() -> None:
@@ -209,40 +210,39 @@ def _completions(n: int, seed: int) -> tuple[CompletionRecord, ...]:
 
 def _fleet(**cfg) -> FleetController:
     fc = FleetController(ControllerConfig(**cfg), clock=lambda: 0.0)
-    fc.register("r", Mode.AUTO, 2_000_000, 1024, KV)
+    fc.register(registration("r", Mode.AUTO, 2_000_000, 1024, KV))
     return fc
 
 
 def test_first_estimate_after_first_update_completions() -> None:
     fc = _fleet(first_update=30, update_every=100)
-    fc.ingest(TelemetryBatch("r", _completions(29, 0)))
+    fc.ingest(batch("r", _completions(29, 0)))
     assert fc.version == 0
-    fc.ingest(TelemetryBatch("r", _completions(1, 1)))
+    fc.ingest(batch("r", _completions(1, 1)))
     assert fc.version == 1
-    fc.ingest(TelemetryBatch("r", _completions(99, 2)))
+    fc.ingest(batch("r", _completions(99, 2)))
     assert fc.version == 1  # then every update_every
 
 
 def test_replans_when_concurrency_moves() -> None:
     fc = _fleet(first_update=30, concurrency_ema=1.0)
     steps = lambda running: (StepRecord(0, running, running, 0, 0.03),)  # noqa: E731
-    fc.ingest(TelemetryBatch("r", _completions(30, 0), steps(600)))
+    fc.ingest(batch("r", _completions(30, 0), steps(600)))
     v = fc.version
-    fc.ingest(TelemetryBatch("r", (), steps(500)))
+    fc.ingest(batch("r", (), steps(500)))
     assert fc.version == v  # within 2x: no re-plan
-    fc.ingest(TelemetryBatch("r", (), steps(40)))
+    fc.ingest(batch("r", (), steps(40)))
     assert fc.version == v + 1 and fc.history[-1].cause == "concurrency"
     assert fc.replicas["r"].planner.last.n_obs == pytest.approx(40)
 
 
 def test_engine_preemptions_feed_the_planner() -> None:
     fc = _fleet(first_update=100, update_every=100)
-    stats = lambda n: {"engine_stats": {"preemptions": n}}  # noqa: E731
-    fc.ingest(TelemetryBatch("r", _completions(100, 0), extra=stats(0)))
+    stats = lambda n: EngineStats(preemptions=n)  # noqa: E731
+    fc.ingest(batch("r", _completions(100, 0), stats=stats(0)))
     assert fc.replicas["r"].planner.state.kv_scale == 1.0
-    fc.ingest(TelemetryBatch("r", _completions(100, 1), extra=stats(3)))
+    fc.ingest(batch("r", _completions(100, 1), stats=stats(3)))
     assert fc.replicas["r"].planner.state.kv_scale == 1.0  # 3 per 100 completions: tolerated
-    fc.ingest(TelemetryBatch("r", _completions(100, 2), extra=stats(7)))
+    fc.ingest(batch("r", _completions(100, 2), stats=stats(7)))
     assert fc.replicas["r"].planner.state.kv_scale < 1.0  # 4 per 100: not
-    saved = fc.state()["replicas"]["r"]["planner"]
-    assert saved["kv_scale"] < 1.0
+    assert fc.state().replicas["r"].planner.kv_scale < 1.0

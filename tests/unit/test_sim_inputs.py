@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from ebplus.bench import workloads as wl
 from ebplus.bench.sim import SimResult
-from ebplus.controller.cost_model import ProfileError, load_profile, profile_names, resolve_profile
-
 from ebplus.cli import main
+from ebplus.controller.cost_model import ProfileError, load_profile, profile_names, resolve_profile
 
 
 def write(path: Path, text: str) -> Path:

@@ -10,27 +10,35 @@ from __future__ import annotations
 import asyncio
 import math
 
+import msgspec
 import pytest
-from ebplus.controller.actor import ControllerActor
-from ebplus.controller.cost_model import CostModel
-from ebplus.controller.fleet import ControllerConfig, FleetController
-from ebplus.controller.telemetry import REJECT_REASONS, CompletionRecord, FinishReason, StepRecord, TelemetryBatch
-from ebplus.replicas.phases import Mode
-from ebplus.replicas.server import TelemetryOutbox
+from factories import batch, registration
+from factories import completions as comps
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-PRIOR = CostModel(alpha_p=1e-3, beta_p=1e-5, alpha_d=1e-2, beta_d=1e-5, beta_mb=(1e-5, 0.0, 0.0))
+from ebplus.controller.actor import ControllerActor
+from ebplus.controller.config import ControllerConfig
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.messages import (
+    CompletionRecord,
+    EngineFacts,
+    EngineStats,
+    Mode,
+    StepRecord,
+    TelemetryBatch,
+    ThresholdUpdate,
+    decode,
+    encode,
+)
+from ebplus.controller.telemetry import REJECT_REASONS
+from ebplus.replicas.pump import TelemetryOutbox
 
 
 def make_fleet() -> FleetController:
     fc = FleetController(ControllerConfig(update_every=10, first_update=10, min_samples=10))
-    fc.register("r0", Mode.AUTO, 100_000, 64, PRIOR)
+    fc.register(registration("r0"))
     return fc
-
-
-def comps(n: int, start: int = 0) -> tuple[CompletionRecord, ...]:
-    return tuple(CompletionRecord(10 + i, 1 + (start + i) % 50, FinishReason.STOP) for i in range(n))
 
 
 # anything pickle can carry
@@ -53,21 +61,23 @@ record_fields = st.sampled_from(
 records = st.one_of(
     values,
     st.dictionaries(record_fields, values, max_size=9),
-    st.builds(CompletionRecord, values, values, values),
-    st.builds(StepRecord, values, values, values, values, values, values, values),
+    st.builds(CompletionRecord, values, values, values, values, values, values),
+    st.builds(StepRecord, values, values, values, values, values, values),
 )
 batches = st.one_of(
     values,
     st.builds(
         TelemetryBatch,
         replica_id=st.one_of(st.just("r0"), values),
-        completions=st.one_of(st.lists(records, max_size=6).map(tuple), values),
-        steps=st.one_of(st.lists(records, max_size=6).map(tuple), values),
+        completions=st.one_of(st.lists(records, max_size=6), values),
+        steps=st.one_of(st.lists(records, max_size=6), values),
+        running=st.one_of(st.lists(records, max_size=3), values),
+        running_total=values,
         applied_version=values,
         dropped_completions=values,
         dropped_steps=values,
         sent_at=values,
-        extra=st.one_of(values, st.fixed_dictionaries({"engine_stats": values})),
+        stats=st.one_of(st.none(), values, st.builds(EngineStats, preemptions=values, schedule_seconds=values)),
         completions_from=values,
         steps_from=values,
     ),
@@ -78,49 +88,93 @@ batches = st.one_of(
 @given(st.lists(batches, min_size=1, max_size=5))
 def test_fuzzed_batches_never_raise_and_leave_the_controller_sane(hostile: list) -> None:
     fc = make_fleet()
-    for batch in hostile:
-        fc.ingest(batch)
+    for b in hostile:
+        fc.ingest(b)
     # the controller still works: a good batch lands and the numbers it exports are finite
-    good = fc.ingest(TelemetryBatch("r0", comps(20), (StepRecord(0, 8, 8, 2, 0.01),)))
+    good = fc.ingest(batch("r0", comps(20), [StepRecord(0, 8, 8, 2, 0.01)]))
     assert good is not None and 1 <= good.k <= good.n
     snap = fc.snapshot()
-    rep = snap["replicas"]["r0"]
-    assert all(isinstance(v, int) and 0 <= v < 2**63 for v in rep["dropped"].values())
-    assert all(math.isfinite(v) and v >= 0 for v in rep["engine_stats"].values())
-    assert 0 <= rep["applied_version"] < 2**63 or rep["applied_version"] == -1
-    assert set(snap["rejected"]) <= set(REJECT_REASONS)
+    rep = snap.replicas["r0"]
+    assert 0 <= rep.dropped.completions < 2**63 and 0 <= rep.dropped.steps < 2**63
+    assert all(math.isfinite(v) and v >= 0 for v in rep.engine_stats.values())
+    assert 0 <= rep.applied_version < 2**63 or rep.applied_version == -1
+    assert set(snap.rejected) <= set(REJECT_REASONS)
+    snap.model_dump_json()  # and the admin API can serialise what it holds
 
 
 @pytest.mark.parametrize(
-    ("batch", "reason"),
+    ("hostile", "reason"),
     [
-        (TelemetryBatch("r0", completions=5), "bad_batch"),  # records not a sequence
-        (TelemetryBatch("r0", steps="abc"), "bad_batch"),
-        (TelemetryBatch("r0", dropped_completions="abc"), "bad_batch"),
-        (TelemetryBatch("r0", dropped_steps=float("nan")), "bad_batch"),
-        (TelemetryBatch("r0", dropped_completions=float("inf")), "bad_batch"),
-        (TelemetryBatch("r0", dropped_completions=-4), "bad_batch"),
-        (TelemetryBatch("r0", dropped_completions=10**30), "bad_batch"),  # absurd
-        (TelemetryBatch("r0", extra={"engine_stats": {"preemptions": float("inf")}}), "bad_engine_stats"),
-        (TelemetryBatch(["unhashable"]), "unknown_replica"),  # wrong replica id
-        (TelemetryBatch("r1"), "unknown_replica"),
+        (batch("r0", completions=5), "bad_batch"),  # records not a sequence
+        (batch("r0", steps="abc"), "bad_batch"),
+        (batch("r0", dropped_completions="abc"), "bad_batch"),
+        (batch("r0", dropped_steps=float("nan")), "bad_batch"),
+        (batch("r0", dropped_completions=float("inf")), "bad_batch"),
+        (batch("r0", dropped_completions=-4), "bad_batch"),
+        (batch("r0", dropped_completions=10**30), "bad_batch"),  # absurd
+        (batch("r0", running_total="many"), "bad_batch"),
+        (batch("r0", stats=EngineStats(preemptions=float("inf"))), "bad_engine_stats"),  # type: ignore[arg-type]
+        (batch("r0", stats={"preemptions": 3}), "bad_engine_stats"),
+        (batch(["unhashable"]), "unknown_replica"),  # type: ignore[arg-type]  # wrong replica id
+        (batch("r1"), "unknown_replica"),
         ("not a batch", "unknown_replica"),
     ],
 )
-def test_malformed_batch_fields_are_counted(batch: object, reason: str) -> None:
+def test_malformed_batch_fields_are_counted(hostile: object, reason: str) -> None:
     fc = make_fleet()
-    fc.ingest(batch)
+    fc.ingest(hostile)  # type: ignore[arg-type]
     assert fc.rejected[reason] == 1
-    assert fc.replicas["r0"].dropped_completions == 0 and fc.replicas["r0"].engine_stats == {}
+    assert fc.replicas["r0"].dropped_completions == 0 and fc.replicas["r0"].engine_stats is None
+
+
+wire_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=6)),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
+    max_leaves=16,
+)
+wire_fields = st.sampled_from(["wire", "replica_id", "completions", "steps", "running", "running_total",
+                               "applied_version", "dropped_completions", "stats", "completions_from"])  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.binary(max_size=64), st.dictionaries(wire_fields, wire_values, max_size=8).map(msgspec.msgpack.encode)))
+def test_fuzzed_wire_payloads_never_raise(payload: bytes) -> None:
+    """Whatever bytes reach the controller actor's ingest: an answer or None, never an exception."""
+    actor = ControllerActor(ControllerConfig(update_every=10, state_dir="/nonexistent/never-written"), housekeeping=False)
+    actor.fleet.register(registration("r0"))
+    reply = asyncio.run(actor.ingest(payload))
+    assert reply is None or decode(reply, ThresholdUpdate).n >= 1
+    assert set(actor.fleet.rejected) <= set(REJECT_REASONS)
+
+
+def test_one_bad_record_does_not_cost_the_rest_of_its_batch() -> None:
+    """A NaN where a count belongs makes the strict decode fail; the lenient one keeps the good records."""
+    actor = ControllerActor(ControllerConfig(update_every=1000), housekeeping=False)
+    actor.fleet.register(registration("r0"))
+    payload = msgspec.msgpack.encode(
+        {"wire": 1, "replica_id": "r0", "completions": [[10, 4, "stop"], [float("nan"), 4, "stop"], [12, 5, "length"],
+                                                         [3, 4, "exploded"], [3]]}
+    )
+    assert asyncio.run(actor.ingest(payload)) is not None
+    assert actor.fleet.received["completions"] == 2
+    assert (actor.fleet.rejected["bad_type"], actor.fleet.rejected["bad_finish_reason"]) == (1, 1)
+    assert actor.fleet.rejected["missing_field"] == 1
+
+
+def test_a_batch_of_another_wire_version_is_refused_and_counted() -> None:
+    actor = ControllerActor(ControllerConfig(update_every=1000), housekeeping=False)
+    actor.fleet.register(registration("r0"))
+    assert asyncio.run(actor.ingest(msgspec.msgpack.encode({"wire": 2, "replica_id": "r0"}))) is None
+    assert actor.fleet.rejected["bad_version"] == 1
 
 
 def test_late_duplicate_of_a_timed_out_push_is_skipped() -> None:
     """A hung controller works off its queue on resume: the batch that timed out, then its re-send with more."""
     box = TelemetryOutbox(capacity=64)
-    box.add(list(comps(30)), [])
-    first = box.batch("r0", 0, {})  # times out at the replica: records kept
-    box.add(list(comps(20, start=30)), [])
-    second = box.batch("r0", 0, {})  # holds the 30 again plus 20 new
+    box.add(drained(comps(30)))
+    first = box.batch("r0", 0, None)  # times out at the replica: records kept
+    box.add(drained(comps(20, start=30)))
+    second = box.batch("r0", 0, None)  # holds the 30 again plus 20 new
     assert (first.completions_from, len(first.completions)) == (0, 30)
     assert (second.completions_from, len(second.completions)) == (0, 50)
     fc = make_fleet()
@@ -128,8 +182,8 @@ def test_late_duplicate_of_a_timed_out_push_is_skipped() -> None:
     fc.ingest(second)  # both delivered once the controller resumes
     assert fc.received["completions"] == 50 and fc.rejected["duplicate"] == 30
     box.clear()  # the replica saw the second succeed
-    box.add(list(comps(5, start=50)), [])
-    third = box.batch("r0", 0, {})
+    box.add(drained(comps(5, start=50)))
+    third = box.batch("r0", 0, None)
     assert third.completions_from == 50
     fc.ingest(third)
     assert fc.received["completions"] == 55 and fc.rejected["duplicate"] == 30
@@ -137,37 +191,37 @@ def test_late_duplicate_of_a_timed_out_push_is_skipped() -> None:
 
 def test_outbox_overflow_advances_the_index() -> None:
     box = TelemetryOutbox(capacity=4)
-    box.add(list(comps(6)), [])
-    batch = box.batch("r0", 0, {})
-    assert batch.completions_from == 2 and batch.dropped_completions == 2 and len(batch.completions) == 4
+    box.add(drained(comps(6)))
+    b = box.batch("r0", 0, None)
+    assert b.completions_from == 2 and b.dropped_completions == 2 and len(b.completions) == 4
     fc = make_fleet()
-    fc.ingest(batch)
+    fc.ingest(b)
     assert fc.received["completions"] == 4 and fc.rejected["duplicate"] == 0
     assert fc.replicas["r0"].dropped_completions == 2
 
 
 def test_cursors_survive_a_controller_restart() -> None:
     fc = make_fleet()
-    fc.ingest(TelemetryBatch("r0", comps(30), completions_from=0))
+    fc.ingest(batch("r0", comps(30), completions_from=0))
     resumed = FleetController(fc.config)
     resumed.restore(fc.state())
-    resumed.register("r0", Mode.AUTO, 100_000, 64, PRIOR)
-    resumed.ingest(TelemetryBatch("r0", comps(40), completions_from=0))  # 30 old, 10 new
+    resumed.register(registration("r0"))
+    resumed.ingest(batch("r0", comps(40), completions_from=0))  # 30 old, 10 new
     assert resumed.rejected["duplicate"] == 30
     assert resumed.received["completions"] == 30 + 10
 
 
 def test_actor_ingest_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Even a bug in ingestion answers with thresholds and counts the batch, never an exception."""
-    actor = ControllerActor({"update_every": 10}, state_dir=str(tmp_path), housekeeping=False)
-    asyncio.run(actor.register("r0", "auto", 100_000, 64, PRIOR.model_dump(), "cpu"))
+    actor = ControllerActor(ControllerConfig(update_every=10, state_dir=str(tmp_path)), housekeeping=False)
+    asyncio.run(actor.register(encode(registration("r0"))))
 
-    def explode(batch: object) -> None:
+    def explode(b: object) -> None:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(actor.fleet, "ingest", explode)
-    reply = asyncio.run(actor.ingest(TelemetryBatch("r0", comps(3))))
-    assert reply is not None and reply["n"] >= 1
+    reply = asyncio.run(actor.ingest(encode(batch("r0", comps(3)))))
+    assert reply is not None and decode(reply, ThresholdUpdate).n >= 1
     assert actor.fleet.rejected["bad_batch"] == 1
 
 
@@ -176,9 +230,17 @@ def test_a_new_version_is_persisted_before_it_is_published(tmp_path) -> None:
     re-issued that decision's version number with other thresholds."""
     from ebplus.controller.actor import StateStore
 
-    actor = ControllerActor({"update_every": 10, "first_update": 10, "min_samples": 10}, state_dir=str(tmp_path), housekeeping=False)
-    asyncio.run(actor.register("r0", "auto", 100_000, 64, PRIOR.model_dump(), "cpu"))
-    reply = asyncio.run(actor.ingest(TelemetryBatch("r0", comps(12), completions_from=0)))
-    assert reply["version"] == 1
+    config = ControllerConfig(update_every=10, first_update=10, min_samples=10, state_dir=str(tmp_path))
+    actor = ControllerActor(config, housekeeping=False)
+    asyncio.run(actor.register(encode(registration("r0"))))
+    reply = decode(asyncio.run(actor.ingest(encode(batch("r0", comps(12), completions_from=0)))), ThresholdUpdate)
+    assert reply.version == 1
     saved = StateStore(str(tmp_path)).load()
-    assert saved["version"] == 1 and saved["replicas"]["r0"]["last_plan"]["k"] == reply["k"]
+    assert saved is not None and saved["version"] == 1 and saved["replicas"]["r0"]["last_plan"]["k"] == reply.k
+
+
+def drained(records: list[CompletionRecord]):
+    from ebplus.controller.messages import DrainReport
+
+    facts = EngineFacts(kv_capacity_tokens=100_000, max_num_seqs=64)
+    return DrainReport(completions=records, facts=facts, applied=ThresholdUpdate(mode=Mode.AUTO, k=1, n=64))

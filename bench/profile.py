@@ -46,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _load_config(path: Path, model: str | None):
     """The deployment config, without its prior profile (which may be the very file being made)."""
     import yaml
+
     from ebplus.deploy.config import ConfigError, parse_config
 
     try:
@@ -65,12 +66,14 @@ def _load_config(path: Path, model: str | None):
 
 def run_profile(args: argparse.Namespace) -> int:
     import dataclasses
-    import json
 
+    import msgspec
+
+    from ebplus.bench import profiling
+    from ebplus.bench.local_engine import start_llm
     from ebplus.controller.cost_model import PROFILE_DIR, dump_profile
+    from ebplus.controller.messages import Mode
     from ebplus.deploy.app import model_path
-    from ebplus.replicas import profiling
-    from ebplus.replicas.local_engine import start_llm
 
     cfg = _load_config(args.config, args.model)
     plan = profiling.QUICK_PLAN if args.quick else profiling.ProfilePlan()
@@ -85,10 +88,11 @@ def run_profile(args: argparse.Namespace) -> int:
 
     source = model_path(cfg, build=True)
     log(f"engine: {source} {cfg.engine.engine_kwargs()}")
-    llm = start_llm(cfg, source, scheduler=True, mode="mb")
+    llm = start_llm(cfg, source, scheduler=True, mode=Mode.MB)
     measurement = profiling.measure(llm, plan, log)
     if args.steps_out is not None:
-        args.steps_out.write_text("".join(json.dumps(row) + "\n" for row in measurement.steps))
+        # one StepRecord per line, in the wire's array form: [prefill, decode, running, waiting, seconds, kv]
+        args.steps_out.write_bytes(b"".join(msgspec.json.encode(s) + b"\n" for s in measurement.steps))
     fit = profiling.fit_profile(measurement.steps)
     profile = profiling.build_profile(name, fit, measurement, cfg.model.id, cfg.engine.engine_kwargs())
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,17 +16,17 @@ rounds so that slow periods of a shared machine spread over all of them:
   arrives before every step, so each step carries ``m`` decodes and ``L``
   prefill tokens: decode shares ``r = m/(m+L)`` from ~0 to ~0.9.
 
-The rows go through the controller's :class:`~controller.estimator.CostModelFitter`
+The steps go through the controller's :class:`~ebplus.controller.cost_fit.CostModelFitter`
 (robust Huber fits per kind, ``beta_mb(r) = a + b r + c r^2``) after keeping the
 fastest repeat of each step shape (:func:`lower_envelope`). Its prior is an
 unregularised robust fit of the same rows, so the fitter's regularisation pulls
 towards the data, not towards another machine's profile.
 
-KV reads: each row carries the KV tokens its decodes read (``StepRecord.kv_tokens``,
-the seventh field). The decode sweeps run at two prompt lengths, so equal batch
-sizes read different contexts and the decode fit has its ``beta_kv`` column, as the
-controller's online fit does; mixed steps are charged the same ``beta_kv``. Rows
-without the field (older recordings) fit ``beta_kv = 0``.
+KV reads: each step carries the KV tokens its decodes read (``StepRecord.kv_tokens``).
+The decode sweeps run at two prompt lengths, so equal batch sizes read different
+contexts and the decode fit has its ``beta_kv`` column, as the controller's online
+fit does; mixed steps are charged the same ``beta_kv``. Steps without it (an engine
+that does not report it: ``kv_tokens = 0``) fit ``beta_kv = 0``.
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ebplus.controller import theory
-from ebplus.controller.cost_model import CostModel, HardwareProfile, step_kind
-from ebplus.controller.estimator import CostFit, CostModelFitter, robust_linear_fit
-from ebplus.replicas.control import to_step
+from ebplus.controller.cost_fit import CostFit, CostModelFitter, robust_linear_fit
+from ebplus.controller.cost_model import CostModel, HardwareProfile
+from ebplus.controller.messages import Mode, StepKind, StepRecord, ThresholdUpdate
+from ebplus.replicas.control import LocalEngineControl
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,9 @@ QUICK_PLAN = ProfilePlan(
 
 @dataclass
 class Measurement:
-    """Step rows of a profiling run (``[prefill, decode, running, waiting, seconds, kind]``) and the engine's facts."""
+    """The steps of a profiling run (as the scheduler's telemetry records them) and the engine's facts."""
 
-    steps: list[list] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     kv_capacity_tokens: int = 0
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
@@ -91,7 +93,7 @@ class _Driver:
     """Adds requests and runs single engine steps on an in-process ``LLM``."""
 
     def __init__(self, llm: Any, seed: int) -> None:
-        from ebplus.replicas.local_engine import scheduler_of, vocab_size
+        from ebplus.bench.local_engine import scheduler_of, vocab_size
 
         self.engine = llm.llm_engine
         self.scheduler = scheduler_of(llm)
@@ -101,8 +103,9 @@ class _Driver:
         self.ids = itertools.count()
 
     def add(self, prompt_len: int, max_tokens: int) -> str:
-        from ebplus.replicas.local_engine import random_prompt
         from vllm import SamplingParams
+
+        from ebplus.bench.local_engine import random_prompt
 
         prompt_len = max(1, min(prompt_len, self.max_len - max_tokens))
         rid = f"profile-{next(self.ids)}"
@@ -156,38 +159,38 @@ def measure(llm: Any, plan: ProfilePlan, log: Callable[[str], None] = lambda _: 
     import time
 
     d = _Driver(llm, plan.seed)
-    sched = d.scheduler
-    sched.ebplus_apply({"mode": "mb", "n": sched.max_num_seqs})
-    budget = int(sched.max_num_scheduled_tokens)
-    n = int(sched.max_num_seqs)
+    control = LocalEngineControl(d.scheduler)
+    n = int(d.scheduler.max_num_seqs)
+    control.apply(ThresholdUpdate(mode=Mode.MB, k=1, n=n))
+    budget = int(d.scheduler.max_num_scheduled_tokens)
     # warm-up: the first forwards of a fresh engine are slow and are not what we measure
     d.add(64, 4)
     d.drain()
-    sched.ebplus_drain()
+    control.drain()
     out = Measurement(max_num_seqs=n, max_num_batched_tokens=budget)
     start = time.monotonic()
     for r in range(plan.rounds):
         for name, part in (("prefill", _prefill_only), ("decode", _decode_only), ("mixed", _mixed)):
             part(d, plan, budget if name == "prefill" else n)
-            drained = sched.ebplus_drain()
-            out.steps += drained["steps"]
+            out.steps += control.drain().steps
             log(
                 f"round {r + 1}/{plan.rounds}: {name} steps done ({len(out.steps)} rows, {time.monotonic() - start:.0f} s)"
             )
     out.seconds = time.monotonic() - start
-    facts = sched.ebplus_drain()
-    out.kv_capacity_tokens = int(facts["kv_capacity_tokens"])
-    out.device = str(facts["device"])
+    facts = control.drain().facts
+    out.kv_capacity_tokens = facts.kv_capacity_tokens
+    out.device = facts.device
     return out
 
 
-def _data_prior(steps: Sequence[Sequence[Any]]) -> CostModel:
+def _data_prior(steps: Sequence[StepRecord]) -> CostModel:
     """Unregularised robust fits per step kind: the fitter's prior (its regularisation target).
 
     A prior from the same rows keeps the fitter's pull towards the prior harmless;
     a prior from another machine would bias parts the rows determine poorly.
     """
-    arr = np.asarray([(float(r[0]), float(r[1]), float(r[4]), _kv(r)) for r in steps], dtype=float).reshape(-1, 4)
+    arr = np.asarray([(s.prefill_tokens, s.decode_tokens, s.seconds, s.kv_tokens) for s in steps], dtype=float)
+    arr = arr.reshape(-1, 4)
     p, d, t, kv = arr.T
     ones = np.ones_like(t)
 
@@ -225,13 +228,8 @@ def _data_prior(steps: Sequence[Sequence[Any]]) -> CostModel:
     )
 
 
-def _kv(row: Sequence[Any]) -> int:
-    """The KV tokens a step row's decodes read (0 for six-field rows recorded before they were reported)."""
-    return to_step(row).kv_tokens
-
-
-def lower_envelope(steps: Sequence[Sequence[Any]]) -> list[list]:
-    """The fastest row of each step shape (prefill tokens, decode tokens, KV tokens read).
+def lower_envelope(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """The fastest step of each shape (prefill tokens, decode tokens, KV tokens read).
 
     Other processes on the machine only ever add time to a step (a descheduled
     engine thread, a stalled OpenMP barrier: 3-30x slower steps were seen on a
@@ -239,24 +237,24 @@ def lower_envelope(steps: Sequence[Sequence[Any]]) -> list[list]:
     the engine's own cost; a symmetric robust fit alone cannot undo one-sided
     contamination of a third of the samples.
     """
-    best: dict[tuple[int, int, int], list] = {}
-    for row in steps:
-        key = (int(row[0]), int(row[1]), _kv(row))
-        if key not in best or float(row[4]) < float(best[key][4]):
-            best[key] = list(row)
+    best: dict[tuple[int, int, int], StepRecord] = {}
+    for s in steps:
+        key = (s.prefill_tokens, s.decode_tokens, s.kv_tokens)
+        if key not in best or s.seconds < best[key].seconds:
+            best[key] = s
     return list(best.values())
 
 
-def fit_profile(steps: Sequence[Sequence[Any]], min_steps: int = 10) -> CostFit:
-    """The controller's cost fit over the lower envelope of profiling rows.
+def fit_profile(steps: Sequence[StepRecord], min_steps: int = 10) -> CostFit:
+    """The controller's cost fit over the lower envelope of profiling steps.
 
     Raises ``ValueError`` if a step kind could not be fitted.
     """
     steps = lower_envelope(steps)
     prior = _data_prior(steps)
     fitter = CostModelFitter(prior, window=max(len(steps), 16), min_steps=min_steps)
-    for row in steps:
-        fitter.observe_step(int(row[0]), int(row[1]), float(row[4]), kv_tokens=_kv(row))
+    for s in steps:
+        fitter.observe_step(s.prefill_tokens, s.decode_tokens, s.seconds, kv_tokens=s.kv_tokens)
     fit = fitter.fit()
     missing = {"prefill", "decode", "mixed"} - set(fit.fitted)
     if missing:
@@ -265,14 +263,14 @@ def fit_profile(steps: Sequence[Sequence[Any]], min_steps: int = 10) -> CostFit:
     return fit
 
 
-def residuals(model: CostModel, steps: Sequence[Sequence[Any]]) -> dict[str, float]:
+def residuals(model: CostModel, steps: Sequence[StepRecord]) -> dict[str, float]:
     """Median absolute relative error of the fitted model per step kind, over the lower envelope."""
     errs: dict[str, list[float]] = {}
-    for row in lower_envelope(steps):
-        p, d, seconds = row[0], row[1], row[4]
-        kind = step_kind(int(p), int(d))
-        pred = model.step_seconds(int(p), int(d), _kv(row))
-        errs.setdefault(kind, []).append(abs(pred - float(seconds)) / float(seconds))
+    for s in lower_envelope(steps):
+        pred = model.step_seconds(s.prefill_tokens, s.decode_tokens, s.kv_tokens)
+        errs.setdefault(StepKind.of(s.prefill_tokens, s.decode_tokens).value, []).append(
+            abs(pred - s.seconds) / s.seconds
+        )
     return {k: float(np.median(v)) for k, v in sorted(errs.items())}
 
 

@@ -3,7 +3,7 @@
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a
 driver can run it one step at a time (``llm.llm_engine.step()``) and reach the
 EB+ scheduler directly (:func:`scheduler_of`). The engine arguments are the
-deployment's own (``deploy.config.EngineSection``), so a profile is measured on
+deployment's own (``ebplus.replicas.config.EngineSection``), so a profile is measured on
 the engine that serves.
 
 vLLM reads its environment when the engine starts (and caches it afterwards):
@@ -19,9 +19,8 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+from ebplus.controller.messages import Mode
 from ebplus.deploy.config import ServeConfig
-
-SCHEDULER_CLS = "ebplus.replicas.scheduler.EBPlusScheduler"
 
 
 @contextlib.contextmanager
@@ -46,27 +45,28 @@ def start_llm(
     model_path: str,
     *,
     scheduler: bool = True,
-    mode: str = "mb",
+    mode: Mode = Mode.MB,
     extra_engine_args: dict[str, Any] | None = None,
 ) -> Any:
-    """A ``vllm.LLM`` with the config's engine arguments, in this process.
+    """A ``vllm.LLM`` with the deployment's engine arguments, in this process.
 
     Args:
-        scheduler: run the EB+ scheduler (else vLLM's stock scheduler).
-        mode: the scheduler's start-up ``EBPLUS_MODE``; thresholds change later
+        scheduler: run the EB+ scheduler (else vLLM's stock scheduler), with the
+            config's scheduler settings but in ``mode``; thresholds change later
             through :func:`scheduler_of` (``ebplus_apply``).
         extra_engine_args: overrides of the config's engine arguments.
     """
     from vllm import LLM
 
-    kwargs = {**cfg.engine.engine_kwargs(), **(extra_engine_args or {})}
+    from ebplus.deploy.app import engine_env, engine_kwargs
+
     if scheduler:
-        kwargs["scheduler_cls"] = SCHEDULER_CLS
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "EBPLUS_MODE": mode}
-    if cfg.engine.cpu_kv_cache_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.engine.cpu_kv_cache_gib:g}"
-    with _environment(env):
-        return LLM(model=model_path, **kwargs)
+        cfg = cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(update={"mode": mode})})
+        kwargs = engine_kwargs(cfg)
+    else:
+        kwargs = cfg.engine.engine_kwargs()
+    with _environment({**engine_env(cfg), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        return LLM(model=model_path, **{**kwargs, **(extra_engine_args or {})})
 
 
 def scheduler_of(llm: Any) -> Any:

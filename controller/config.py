@@ -1,0 +1,191 @@
+"""The controller's configuration: the control loop and the EB+ decision's tuning.
+
+One validated model per component (the ``controller:`` section of the deployment
+config, the ``controller`` object of the plain-vLLM plugin's
+``--additional-config``): unknown keys are errors, every field says what it does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ebplus.controller import theory
+
+TokenMean = Annotated[float, Field(ge=1, le=1e7)]  # a mean length in tokens (mu_L, mu_O)
+
+
+class PlannerConfig(BaseModel):
+    """Tuning of the online EB+ decision (defaults follow the seed authors unless noted)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eps: float = Field(0.01, gt=0, lt=1, description="Allowed probability that the KV cache overflows (eq. 2).")
+    n_star_method: Literal["clt", "paper"] = Field(
+        "clt", description="N* from the CLT form (the authors' code) or the paper's eq. (6)."
+    )
+    n_star_age: Literal["empirical", "geometric"] = Field(
+        "empirical",
+        description=(
+            "Mean age of a running request in N*: 'geometric' is the paper's 1/p0 (exact for geometric "
+            "outputs, about twice the truth for the +-50% uniform ones, so N* comes out half as large); "
+            "'empirical' is E[O^2]/(2 E[O]) from the window, which equals 1/p0 for geometric outputs."
+        ),
+    )
+    max_num_seqs: int = Field(256, ge=2, description="Upper bound for N: the engine's start-up max_num_seqs.")
+    theta_cold: float = Field(
+        0.10,
+        gt=0,
+        lt=1,
+        description=(
+            "theta before the first estimate. Ours is 0.10, not the authors' 0.70: for the reference "
+            "profiles theta0 is 0.02-0.15 and a high cold threshold idles most decode slots."
+        ),
+    )
+    theta_ema: float = Field(0.3, gt=0, le=1, description="Weight of a new theta* in the moving average.")
+    kv_backoff: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description=(
+            "After an update window with more than kv_backoff_tolerance preemptions per completion, N* is "
+            "computed for a smaller fraction of the KV capacity (compounding): this factor at kv_backoff_full "
+            "preemptions per completion or more, proportionally less below; 1 disables the feedback. N* "
+            "assumes running requests of stationary age and exact estimates; a synchronised cohort at "
+            "start-up or estimation noise can still overflow the cache, and preemptions are the replica's "
+            "direct report of that."
+        ),
+    )
+    kv_backoff_tolerance: float = Field(
+        0.03,
+        ge=0,
+        description=(
+            "Preemptions per completion an update window may have without kv_backoff (0: back off on any "
+            "preemption). Recomputing a preempted request costs less than an under-filled decode batch on a "
+            "bandwidth-limited GPU: backing off at the first preemption cost 2-4% of throughput on "
+            "decode-heavy traffic in the simulator (bench/RESULTS.md)."
+        ),
+    )
+    kv_backoff_full: float = Field(
+        1.0,
+        ge=0,
+        description=(
+            "Preemptions per completion at which a window gets the whole kv_backoff cut; a window between "
+            "kv_backoff_tolerance and this gets a proportional part (0: always the whole cut). A replica "
+            "sized right at the KV edge preempts a few requests per hundred, and a 10% cut for that idled "
+            "a tenth of its decode slots until the slow recovery (L40S decode-heavy, three seeds: online "
+            "0.980 -> 0.984 of the best fixed k)."
+        ),
+    )
+    kv_recover: float = Field(
+        1.02, ge=1, description="Each update window without preemptions restores usable KV by this factor (to 1)."
+    )
+    n_growth: float = Field(1.5, ge=1, description="N grows at most by this factor per update (shrinks at once).")
+    n_settle: float = Field(
+        0.05,
+        gt=0,
+        description=(
+            "N grows only on a settled estimate: when the workload's mean decode context moved by more than "
+            "this fraction since the previous plan, N may shrink but not grow. In a shift the window of "
+            "completions mixes two workloads and lags in the unsafe direction (the new workload's shortest "
+            "requests complete first), so N* computed mid-shift overshoots the KV (H200 distribution shift: "
+            "N 1,251 where ~950 was safe, 1,928 preemptions)."
+        ),
+    )
+    delta: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Absolute hysteresis margin of the EB/MB rule (s/token), added to delta_rel's. Ours is 0, not the "
+            "authors' 1e-5 (1e-4 in the paper): a margin in s/token does not transfer across GPUs - 1e-5 is a "
+            "third of the per-token time on an H200 and two thirds on a B300, enough to pin EB+ to MB."
+        ),
+    )
+    delta_rel: float = Field(
+        0.02,
+        ge=0,
+        lt=1,
+        description=(
+            "Relative hysteresis: switch only when the other mode is predicted faster by this fraction of the "
+            "current mode's per-token time (EB->MB: sticky_eb times as much)."
+        ),
+    )
+    sticky_eb: float = Field(3.0, ge=0, description="Switch EB->MB only when MB wins by sticky_eb x the margin.")
+    cooldown: int = Field(
+        3,
+        ge=0,
+        description=(
+            "Updates to hold a mode after a switch, unless the observed concurrency has since changed by more "
+            "than cooldown_reset x (the switch was made for a load that is gone: e.g. a drain, then a surge)."
+        ),
+    )
+    cooldown_reset: float = Field(2.0, gt=1, description="Concurrency ratio that ends a cooldown early.")
+    cold_workloads: tuple[tuple[TokenMean, TokenMean], ...] = Field(
+        ((128.0, 1024.0), (512.0, 512.0), (1024.0, 128.0), (512.0, 256.0)),
+        description=(
+            "(mu_L, mu_O) pairs for the decision before the first estimate: EB+ starts in MB (the authors' "
+            "default) and leaves it for EB only if the prior cost model prefers EB, at the observed "
+            "concurrency, for every one of these workloads (geometric outputs assumed). The default is the "
+            "paper's four synthetic workloads; () keeps MB until the first estimate."
+        ),
+    )
+    min_concurrency: float = Field(16.0, ge=0, description="No EB/MB decision while observed concurrency is lower.")
+    theta_min: float = Field(theory.THETA_MIN, gt=0, lt=1, description="Lower clamp of theta*.")
+    theta_max: float = Field(theory.THETA_MAX, gt=0, lt=1, description="Upper clamp of theta*.")
+    delta_max_factor: float = Field(
+        theory.DELTA_THETA_MAX_FACTOR, ge=0, description="Delta theta is clamped to [0, factor * theta0]."
+    )
+
+    @model_validator(mode="after")
+    def _theta_bounds(self) -> PlannerConfig:
+        if self.theta_min > self.theta_max:
+            raise ValueError(f"theta_min ({self.theta_min}) must be <= theta_max ({self.theta_max})")
+        return self
+
+
+class ControllerConfig(BaseModel):
+    """Settings of the control loop (the ``controller:`` section of the deployment config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window: int = Field(500, ge=10, description="Recent output lengths kept (W_O).")
+    input_window: int = Field(500, ge=10, description="Recent input lengths kept (W_L).")
+    update_every: int = Field(100, ge=1, description="Completions (fleet-wide) between re-estimations (M).")
+    min_samples: int = Field(30, ge=1, description="No estimate before this many completions are held.")
+    first_update: int = Field(
+        30,
+        ge=1,
+        description=(
+            "Completions before the first estimate (then every update_every). Until then a cold controller "
+            "runs EB+ in MB with a guessed k: deciding after 30 rather than 100 completions saves most of "
+            "that cold period (at c=512 on a bandwidth-limited GPU about 3% of a 4000-request run)."
+        ),
+    )
+    step_window: int = Field(2048, ge=16, description="Step timings kept per step kind and replica.")
+    min_steps: int = Field(20, ge=3, description="Step samples needed before a cost part is fitted.")
+    cost_refit_every: int = Field(
+        10,
+        ge=1,
+        description="Workload updates between cost-model refits of a replica (hardware drifts slowly).",
+    )
+    concurrency_ema: float = Field(
+        0.05, gt=0, le=1, description="Weight of each step's running+waiting in the concurrency EMA."
+    )
+    history: int = Field(256, ge=1, description="Decisions kept in the history.")
+    replan_concurrency: float | None = Field(
+        2.0,
+        gt=1,
+        description=(
+            "Re-plan a replica at once when its observed concurrency moves by this factor from the value of "
+            "its last plan (None: only every update_every completions)."
+        ),
+    )
+    planner: PlannerConfig = Field(default_factory=PlannerConfig, description="The EB+ decision's tuning.")
+    # -- the actor around the loop (ignored by an in-process FleetController)
+    state_dir: str | None = Field(
+        None, description="Directory for the persisted state; default: Ray's internal KV store."
+    )
+    max_restarts: int = Field(-1, ge=-1, description="Actor restarts Ray attempts (-1: unlimited).")
+    stale_replica_s: float = Field(60.0, gt=0, description="Forget replicas silent this long.")
+    persist_every_s: float = Field(2.0, gt=0, description="Minimum seconds between state snapshots.")

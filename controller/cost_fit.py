@@ -1,0 +1,248 @@
+"""The step cost model fitted online from a replica's step timings.
+
+Each replica's :class:`CostModelFitter` keeps recent step timings per kind and
+fits ``(alpha_p, beta_p)``, ``(alpha_d, beta_d, beta_kv)`` and ``beta_mb(r)``
+with a robust, bounded, prior-regularised regression (:func:`robust_linear_fit`);
+``ebplus profile`` runs the same fitter on a real engine's measured steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ebplus.controller import theory
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.messages import StepKind
+
+
+def robust_linear_fit(
+    design: np.ndarray,
+    y: np.ndarray,
+    lower: Iterable[float] | None = None,
+    iterations: int = 12,
+    prior: Iterable[float] | None = None,
+    prior_sd: Iterable[float] | None = None,
+) -> np.ndarray:
+    """Huber regression by iteratively reweighted least squares, with lower bounds and an optional prior.
+
+    Each pass weights residuals beyond 1.345 x the MAD-based sigma down (Huber's
+    weights), so a few steps slowed by a GC pause or a page fault do not drag
+    the fit. A coefficient that falls below its bound is pinned there and the
+    rest refitted. Columns are scaled to unit norm for conditioning. IRLS on a
+    few columns is a handful of small ``lstsq`` calls: cheap enough for the
+    controller's update path.
+
+    With ``prior`` (and its standard deviations ``prior_sd``) each coefficient
+    also gets a Gaussian pseudo-observation weighted ``(sigma / sd)^2`` against
+    the data's residual sigma: the MAP estimate. Well-determined coefficients
+    follow the data; directions the data leave open (an engine that always runs
+    nearly the same batch size cannot separate fixed from per-sequence cost)
+    stay near the prior instead of running to a bound. No ``sd`` counts as
+    tighter than a coefficient change that moves the prediction by 1e-3 of the
+    largest ``y``: a relative sd of a prior coefficient that is exactly 0 (a
+    previous fit pinned at its bound, restored as the prior) would otherwise
+    give an infinite weight, and the fit NaN.
+    """
+    design = np.asarray(design, dtype=float)
+    y = np.asarray(y, dtype=float)
+    p = design.shape[1]
+    lb = np.full(p, -np.inf) if lower is None else np.asarray(list(lower), dtype=float)
+    scale = np.linalg.norm(design, axis=0)
+    scale[scale == 0] = 1.0
+    xs = design / scale
+    if prior is not None:
+        mu = np.asarray(list(prior), dtype=float)
+        sd = np.asarray(list(prior_sd), dtype=float) if prior_sd is not None else np.abs(mu)
+        x_max = np.abs(design).max(axis=0, initial=0.0)
+        x_max[x_max == 0] = 1.0
+        sd = np.maximum(sd, 1e-3 * float(np.abs(y).max(initial=0.0)) / x_max)
+        xs_aug = np.vstack([xs, np.diag(1.0 / scale)])
+        y_aug = np.concatenate([y, mu])
+    weights = np.ones_like(y)
+    coef = np.zeros(p)
+    prior_w = np.zeros(p)
+    floor = 1e-12 * max(float(np.abs(y).max()), 1e-300)
+    lb_scaled = lb * scale
+    for _ in range(iterations):
+        previous = coef
+        if prior is None:
+            coef = _weighted_fit(xs, y, weights, lb_scaled, np.zeros(p, dtype=bool))
+        else:
+            coef = _weighted_fit(xs_aug, y_aug, np.concatenate([weights, prior_w]), lb_scaled, np.zeros(p, dtype=bool))
+        # converged when no coefficient moved by more than 1e-6 of the largest
+        if np.max(np.abs(coef - previous)) <= 1e-6 * max(float(np.max(np.abs(coef))), 1e-300):
+            break
+        resid = y - xs @ coef
+        dev = np.abs(resid - np.median(resid))
+        sigma = max(1.4826 * float(np.median(dev)), floor)
+        cut = 1.345 * sigma
+        abs_r = np.abs(resid)
+        weights = np.minimum(1.0, cut / np.maximum(abs_r, 1e-300))
+        if prior is not None:
+            prior_w = (sigma / np.maximum(sd, 1e-300)) ** 2
+    return coef / scale
+
+
+def _weighted_fit(xs: np.ndarray, y: np.ndarray, w: np.ndarray, lb: np.ndarray, pinned: np.ndarray) -> np.ndarray:
+    """Weighted least squares; coefficients that violate ``lb`` are pinned to it (in place)."""
+    sw = np.sqrt(w)
+    while True:
+        coef = np.where(pinned, lb, 0.0)
+        free = ~pinned
+        rhs = (y - xs[:, pinned] @ lb[pinned]) * sw
+        coef[free], *_ = np.linalg.lstsq(xs[:, free] * sw[:, None], rhs, rcond=None)
+        violated = free & (coef < lb)
+        if not violated.any():
+            return coef
+        pinned |= violated
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """A fitted cost model and how much data each part rests on."""
+
+    model: CostModel
+    n_prefill_steps: int
+    n_decode_steps: int
+    n_mixed_steps: int
+    fitted: tuple[str, ...]  # which parts came from data: "prefill", "decode", "mixed"
+
+
+class CostModelFitter:
+    """Fits ``(alpha_p, beta_p)``, ``(alpha_d, beta_d, beta_kv)`` and ``beta_mb(r)`` from step timings.
+
+    Each step kind keeps its own window so a long decode phase does not evict the
+    prefill samples. Parts with fewer than ``min_steps`` samples (or without
+    enough spread in the regressors) keep the prior's values.
+
+    KV reads. Decode cost grows with the context the decodes read. Within an EB
+    decode phase the batch shrinks while the context grows, so a fit of decode
+    time on the batch size alone is confounded (it can send ``alpha_d`` to zero,
+    and with it ``theta0`` to one). When the engine reports ``kv_tokens`` the
+    decode fit has a ``beta_kv`` column and mixed steps are charged the same
+    ``beta_kv``; when it does not, the KV cost is absorbed into ``alpha_d, beta_d``
+    and the fitted model's ``beta_kv`` is 0 (no double count).
+
+    Every fit is regularised toward the prior (``prior_sd``: its relative standard
+    deviation), see :func:`robust_linear_fit`.
+
+    Args:
+        prior: the values used before data arrives (a shipped profile, or the
+            last persisted fit).
+        window: samples kept per step kind.
+        min_steps: samples needed before a part is fitted.
+        prior_sd: relative standard deviation of the prior on each coefficient.
+    """
+
+    def __init__(self, prior: CostModel, window: int = 2048, min_steps: int = 20, prior_sd: float = 0.5) -> None:
+        self.prior = prior
+        self.min_steps = min_steps
+        self.prior_sd = prior_sd
+        self._prefill: deque[tuple[int, float]] = deque(maxlen=window)
+        self._decode: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._mixed: deque[tuple[int, int, int, float]] = deque(maxlen=window)
+
+    def observe_step(self, n_prefill_tokens: int, n_decode_tokens: int, seconds: float, kv_tokens: int = 0) -> None:
+        """Record one step. Raises ``ValueError`` for empty steps or bad timings."""
+        p = theory.int_at_least("n_prefill_tokens", n_prefill_tokens, 0)
+        d = theory.int_at_least("n_decode_tokens", n_decode_tokens, 0)
+        kv = theory.int_at_least("kv_tokens", kv_tokens, 0)
+        s = float(seconds)
+        if not (math.isfinite(s) and s > 0):
+            raise ValueError(f"step seconds must be finite and > 0, got {seconds!r}")
+        if p + d == 0:
+            raise ValueError("a step must schedule at least one token")
+        kind = StepKind.of(p, d)
+        if kind is StepKind.PREFILL:
+            self._prefill.append((p, s))
+        elif kind is StepKind.DECODE:
+            self._decode.append((d, kv, s))
+        else:
+            self._mixed.append((p, d, kv, s))
+
+    @staticmethod
+    def _spread(x: np.ndarray) -> bool:
+        return x.size > 0 and float(x.max()) > 1.2 * float(x.min())
+
+    def _sd(self, values: tuple[float, ...], floor: float) -> np.ndarray:
+        return self.prior_sd * np.maximum(np.abs(np.asarray(values, dtype=float)), floor)
+
+    def _fit_prefill(self) -> tuple[tuple[float, float], bool]:
+        prior = self.prior
+        default = (prior.alpha_p, prior.beta_p)
+        if len(self._prefill) < self.min_steps:
+            return default, False
+        arr = np.asarray(self._prefill, dtype=float)
+        n, t = arr[:, 0], arr[:, 1]
+        if not self._spread(n):
+            return default, False
+        design = np.column_stack([np.ones_like(n), n])
+        sd = self._sd(default, 0.0)
+        alpha, beta = robust_linear_fit(design, t, lower=(1e-9, 0.0), prior=default, prior_sd=sd)
+        return (float(alpha), float(beta)), True
+
+    def _fit_decode(self) -> tuple[tuple[float, float, float], bool]:
+        prior = self.prior
+        default = (prior.alpha_d, prior.beta_d, prior.beta_kv)
+        if len(self._decode) < self.min_steps:
+            return default, False
+        arr = np.asarray(self._decode, dtype=float)
+        n, kv, t = arr[:, 0], arr[:, 1], arr[:, 2]
+        with_kv = bool(kv.any())
+        if not (self._spread(n) or (with_kv and self._spread(kv))):
+            return default, False
+        if with_kv:
+            design = np.column_stack([np.ones_like(n), n, kv])
+            sd = self._sd(default, 0.0)
+            sd[2] = self.prior_sd * max(prior.beta_kv, 1e-3 * prior.beta_d, 1e-12)
+            a, b, k = robust_linear_fit(design, t, lower=(1e-9, 0.0, 0.0), prior=default, prior_sd=sd)
+            return (float(a), float(b), float(k)), True
+        design = np.column_stack([np.ones_like(n), n])
+        a, b = robust_linear_fit(design, t, lower=(1e-9, 0.0), prior=default[:2], prior_sd=self._sd(default[:2], 0.0))
+        return (float(a), float(b), 0.0), True
+
+    def fit(self) -> CostFit:
+        prior = self.prior
+        (alpha_p, beta_p), got_p = self._fit_prefill()
+        (alpha_d, beta_d, beta_kv), got_d = self._fit_decode()
+        fitted = [name for name, ok in (("prefill", got_p), ("decode", got_d)) if ok]
+        alpha_mb, coeffs = prior.alpha_mb, prior.beta_mb
+        if len(self._mixed) >= self.min_steps:
+            arr = np.asarray(self._mixed, dtype=float)
+            n = arr[:, 0] + arr[:, 1]
+            r = arr[:, 1] / n
+            t = arr[:, 3] - beta_kv * arr[:, 2]  # the KV reads priced as in decode steps
+            if self._spread(n) and float(r.max() - r.min()) > 0.1:
+                design = np.column_stack([np.ones_like(n), n, n * r, n * r * r])
+                pri = (prior.alpha_mixed, *prior.beta_mb)
+                sd = self._sd(pri, 0.0)
+                sd[1:] = self._sd(prior.beta_mb, 0.25 * max(abs(x) for x in prior.beta_mb))
+                a0, a, b, c = robust_linear_fit(design, t, lower=(1e-9, -np.inf, -np.inf, 0.0), prior=pri, prior_sd=sd)
+                candidate = (float(a), float(b), float(c))
+                # keep the fit only if it is a usable cost curve: >= 0 on all of [0, 1],
+                # the very check CostModel applies (a looser one let a fit through that
+                # CostModel then rejected, and the controller's re-plan raised)
+                if theory.beta_mb_min(candidate)[1] >= 0:
+                    alpha_mb, coeffs = float(a0), candidate
+                    fitted.append("mixed")
+        model = CostModel(
+            alpha_p=alpha_p,
+            beta_p=beta_p,
+            alpha_d=alpha_d,
+            beta_d=beta_d,
+            beta_mb=coeffs,
+            alpha_mb=alpha_mb,
+            beta_kv=beta_kv,
+        )
+        return CostFit(
+            model=model,
+            n_prefill_steps=len(self._prefill),
+            n_decode_steps=len(self._decode),
+            n_mixed_steps=len(self._mixed),
+            fitted=tuple(fitted),
+        )

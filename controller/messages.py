@@ -1,0 +1,351 @@
+"""The messages of the control loop, and their one codec.
+
+Three processes talk: the EB+ scheduler inside vLLM's engine core, the replica
+that hosts the engine (a Ray Serve replica, or vLLM's own API server with the
+plugin), and the controller. Every message is a :class:`msgspec.Struct` with
+named fields in code and a compact msgpack form on the wire (records are
+``array_like``, as vLLM's own engine-core IPC does), and every hop uses the one
+codec below: :func:`encode` and :func:`decode`.
+
+Versioning. Envelopes carry ``wire`` (:data:`WIRE_VERSION`). Additive changes
+(a new *trailing* field with a default) keep the version: an older sender's
+message decodes with the default, a newer sender's extra field is ignored by an
+older receiver. Anything else bumps :data:`WIRE_VERSION`, and a receiver refuses
+a version it does not speak with :class:`WireError` (``reason="bad_version"``).
+Mixed versions meet during a rolling update, which is why the replica and the
+controller exchange bytes rather than pickled Python objects.
+
+Nothing here imports vLLM or Ray: the scheduler, the replica, the controller
+and the simulator all speak these types.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import msgspec
+from pydantic import BaseModel, ValidationError
+
+from ebplus.controller.cost_model import CostModel
+
+#: Version of the envelopes below (see the module docstring for what bumps it).
+WIRE_VERSION = 1
+
+
+class Mode(StrEnum):
+    """How a replica batches.
+
+    ``MB``: mixed batching, vLLM v1's default. ``EB``: exclusive batching with
+    threshold ``k``. ``V0``: prefill-first, i.e. EB with ``k = 1``. ``AUTO``: EB+,
+    EB or MB as chosen by the control plane (``ThresholdUpdate.active``).
+    ``SHADOW``: the controller plans as for ``AUTO`` and publishes its choice, but
+    the replica keeps running MB (an operator's preview before trusting it).
+    """
+
+    MB = "mb"
+    EB = "eb"
+    V0 = "v0"
+    AUTO = "auto"
+    SHADOW = "shadow"
+
+
+class StepKind(StrEnum):
+    """What an engine step contains; also the phase an EB engine is in."""
+
+    PREFILL = "prefill"  # prompt tokens only
+    DECODE = "decode"  # decode tokens only
+    MIXED = "mixed"  # both (MB)
+    IDLE = "idle"  # nothing scheduled
+
+    @classmethod
+    def of(cls, prefill_tokens: int, decode_tokens: int) -> StepKind:
+        """The kind of a step from the tokens it scheduled."""
+        if prefill_tokens and decode_tokens:
+            return cls.MIXED
+        if prefill_tokens:
+            return cls.PREFILL
+        return cls.DECODE if decode_tokens else cls.IDLE
+
+
+class FinishReason(StrEnum):
+    """Why a request left the engine (vLLM's finish reasons, plus aborted/failed)."""
+
+    STOP = "stop"  # EOS or a stop string: a natural completion
+    LENGTH = "length"  # max_tokens or the model's length limit: the request's known cap
+    ABORT = "abort"  # client went away, or the request was cancelled: right-censored
+    ERROR = "error"
+
+
+# --------------------------------------------------------------------------- controller -> replica
+
+
+class ThresholdUpdate(msgspec.Struct, frozen=True):
+    """What the controller tells a replica, and what the replica reports as applied.
+
+    ``mode`` is the configured mode; ``active`` the policy actually run (``MB`` or
+    ``EB``): for ``AUTO`` the controller's current choice, for ``SHADOW`` always
+    ``MB`` (the choice it would make is in the admin API), otherwise implied by
+    ``mode``. ``n`` caps concurrently running requests; ``k`` is the EB threshold
+    (prefill once ``k`` requests can be admitted). ``version`` increases with each
+    controller decision so replicas can report which one they run.
+    """
+
+    mode: Mode
+    k: int
+    n: int
+    version: int = 0
+    active: Mode = Mode.MB
+
+    def __post_init__(self) -> None:
+        # NOTE: msgspec turns a ValueError here into a ValidationError when decoding.
+        if not isinstance(self.mode, Mode):
+            msgspec.structs.force_setattr(self, "mode", Mode(self.mode))
+        if not isinstance(self.active, Mode):
+            msgspec.structs.force_setattr(self, "active", Mode(self.active))
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.n:
+            raise ValueError(f"k must be an integer in [1, n={self.n}], got {self.k!r}")
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
+            raise ValueError(f"version must be an integer >= 0, got {self.version!r}")
+        if self.active not in (Mode.MB, Mode.EB):
+            raise ValueError(f"active must be 'mb' or 'eb', got {self.active.value!r}")
+        implied = {Mode.MB: Mode.MB, Mode.EB: Mode.EB, Mode.V0: Mode.EB, Mode.SHADOW: Mode.MB}.get(self.mode)
+        if implied is not None and self.active is not implied:
+            msgspec.structs.force_setattr(self, "active", implied)
+
+    @property
+    def effective_k(self) -> int:
+        """The threshold the phase machine uses: 1 in ``V0`` mode."""
+        return 1 if self.mode is Mode.V0 else self.k
+
+    def replace(self, **changes: Any) -> ThresholdUpdate:
+        """A copy with ``changes`` applied (and validated again)."""
+        return msgspec.structs.replace(self, **changes)
+
+
+# --------------------------------------------------------------------------- scheduler -> replica -> controller
+
+
+class CompletionRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One request that left the engine.
+
+    ``seq`` is the request's admission order on its replica (-1: unknown), so the
+    controller can tell an early cohort's first finishers from the workload.
+    ``max_tokens`` is the most output tokens the request could produce (its
+    ``max_tokens``, or what the model length leaves after the prompt; 0: unknown):
+    a request that reaches it leaves at a time known when it was admitted.
+    ``cached_tokens`` of the prompt were served from the prefix cache (not computed).
+    """
+
+    input_len: int
+    output_len: int
+    finish: FinishReason
+    seq: int = -1
+    max_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class StepRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One engine step: what it computed, how long it took, the queue around it.
+
+    ``running``/``waiting`` are right after the step was scheduled. ``kv_tokens``
+    is the KV the step's decodes read (their summed context; 0 when the engine does
+    not report it): decode cost grows with context, and a fit on the number of
+    sequences alone confounds the two (see ``CostModelFitter``).
+    """
+
+    prefill_tokens: int
+    decode_tokens: int
+    running: int
+    waiting: int
+    seconds: float
+    kv_tokens: int = 0
+
+    @property
+    def kind(self) -> StepKind:
+        return StepKind.of(self.prefill_tokens, self.decode_tokens)
+
+
+class RunningRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A request still decoding when telemetry was sent: what the departure model needs of it.
+
+    ``age`` is the output tokens it has produced so far: its natural length is
+    longer than that (right-censored at ``age``), unless ``age`` has reached
+    ``max_tokens``, where it leaves for certain.
+    """
+
+    seq: int
+    input_len: int
+    age: int
+    max_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class EngineFacts(msgspec.Struct, frozen=True):
+    """What an engine is: fixed at start-up."""
+
+    kv_capacity_tokens: int
+    max_num_seqs: int
+    device: str = ""
+    block_size: int = 16
+
+
+class EngineStats(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Cumulative engine counters (never reset: exporters take deltas)."""
+
+    steps_prefill: int = 0
+    steps_decode: int = 0
+    steps_mixed: int = 0
+    steps_idle: int = 0
+    steps_empty_busy: int = 0  # idle steps while requests were running or waiting
+    steps_warmup: int = 0  # timed steps withheld from the telemetry at start
+    preemptions: int = 0
+    phase_switches: int = 0
+    kv_backoffs: int = 0
+    schedule_seconds: float = 0.0  # inside schedule(), vLLM's code included
+    overhead_seconds: float = 0.0  # EB+'s own code in the scheduler
+
+    def steps(self, kind: StepKind) -> int:
+        return int(getattr(self, f"steps_{kind.value}"))
+
+    def problem(self, limit: float) -> str | None:
+        """Why these counters are unusable (a value not finite, negative or above ``limit``), or ``None``."""
+        for name in self.__struct_fields__:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= limit:
+                return f"{name}={v!r}"
+        return None
+
+
+class DrainReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What the scheduler hands its replica at each drain (``ebplus_drain``).
+
+    ``running`` is a bounded sample of the running requests (``running_total`` in
+    all), taken at the drain; records are everything since the previous drain.
+    """
+
+    wire: int = WIRE_VERSION
+    completions: list[CompletionRecord] = []
+    steps: list[StepRecord] = []
+    running: list[RunningRequest] = []
+    running_total: int = 0
+    waiting_total: int = 0
+    dropped_completions: int = 0
+    dropped_steps: int = 0
+    stats: EngineStats = EngineStats()
+    facts: EngineFacts
+    applied: ThresholdUpdate
+
+
+class Registration(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica introducing itself to the controller (first push, or after a controller restart)."""
+
+    wire: int = WIRE_VERSION
+    replica_id: str
+    mode: Mode
+    facts: EngineFacts
+    prior: CostModel
+
+
+class TelemetryBatch(msgspec.Struct, frozen=True, kw_only=True):
+    """What a replica pushes to the controller, periodically.
+
+    ``applied_version`` is the threshold version the replica's scheduler runs, so
+    the controller (and the admin API) can show whether a decision has landed.
+    ``dropped_*`` count records lost to full buffers since the last batch.
+    ``running`` replaces what the previous batch said of the running requests.
+
+    ``completions_from`` / ``steps_from`` are the replica's running index of the
+    batch's first record of each kind (-1: not tracked). A push that timed out may
+    still be delivered after the replica re-sent its records in a later batch (a
+    hung controller works off its queue when it resumes); the indices let the
+    controller skip what it already has instead of counting it twice.
+    """
+
+    wire: int = WIRE_VERSION
+    replica_id: str
+    completions: list[CompletionRecord] = []
+    steps: list[StepRecord] = []
+    running: list[RunningRequest] = []
+    running_total: int = -1  # -1: the replica does not report running requests
+    applied_version: int = 0
+    dropped_completions: int = 0
+    dropped_steps: int = 0
+    sent_at: float = 0.0
+    stats: EngineStats | None = None
+    completions_from: int = -1
+    steps_from: int = -1
+
+
+# --------------------------------------------------------------------------- the codec
+
+
+class WireError(ValueError):
+    """A message that cannot be decoded; ``reason`` is what the controller counts it as."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def _dec_hook(typ: type, obj: Any) -> Any:
+    if isinstance(typ, type) and issubclass(typ, BaseModel):
+        try:
+            return typ.model_validate(obj)
+        except ValidationError as exc:
+            raise ValueError(str(exc).splitlines()[0]) from None
+    raise NotImplementedError(f"cannot decode {typ!r}")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_DECODERS: dict[type, msgspec.msgpack.Decoder] = {}
+T = TypeVar("T")
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    """The wire form of any message of this module."""
+    return _ENCODER.encode(message)
+
+
+def decode(data: bytes, kind: type[T]) -> T:
+    """Decode and type-check ``data`` as ``kind``.
+
+    Raises:
+        WireError: not msgpack, not a ``kind`` (``bad_batch``), or an envelope of
+            another :data:`WIRE_VERSION` (``bad_version``).
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError("bad_batch", f"expected bytes, got {type(data).__name__}")
+    if "wire" in getattr(kind, "__struct_fields__", ()):
+        # the version first: a message of another version may not even have this shape
+        try:
+            version = _VERSION_DECODER.decode(data).wire
+        except (msgspec.DecodeError, ValueError) as exc:
+            raise WireError("bad_batch", f"not a {kind.__name__}: {exc}") from None
+        if version != WIRE_VERSION:
+            raise WireError("bad_version", f"{kind.__name__} version {version}, this side speaks {WIRE_VERSION}")
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        decoder = _DECODERS[kind] = msgspec.msgpack.Decoder(kind, dec_hook=_dec_hook)
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise WireError("bad_batch", f"not a {kind.__name__}: {exc}") from None
+
+
+class _Versioned(msgspec.Struct):
+    """Any envelope, read for its wire version only (other fields are ignored)."""
+
+    wire: int = WIRE_VERSION
+
+
+_VERSION_DECODER = msgspec.msgpack.Decoder(_Versioned)

@@ -1,0 +1,143 @@
+"""The controller's persisted state, with an explicit schema version.
+
+A restarted controller (Ray restarts the actor; an upgrade replaces its code)
+resumes from the last :class:`ControllerState` without a cold start: its
+windows, every replica's planner state and fitted costs, overrides and history.
+
+Schema versions. :data:`SCHEMA_VERSION` is written into every state. A state
+without one is version 0 (what controllers wrote before versions existed): its
+layout is version 1's, so it is read as such. A state from a *newer* schema is
+refused with :class:`StateError` naming both versions (the caller logs it and
+starts cold) rather than half-read - a rollback after an upgrade must never
+crash-loop the controller. Bump the version when a field changes meaning or
+shape, and add the step that migrates the old layout in :func:`_migrate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.estimator import EstimatorState
+from ebplus.controller.overrides import Override
+from ebplus.controller.planner import Plan, PlannerState
+from ebplus.controller.stats import UPDATE_SECONDS_BUCKETS, Histogram
+from ebplus.controller.views import Decision, Dropped
+
+if TYPE_CHECKING:
+    from ebplus.controller.fleet import FleetController, ReplicaState
+
+#: Version of :class:`ControllerState` this code writes (and the newest it reads).
+SCHEMA_VERSION = 1
+
+
+class StateError(ValueError):
+    """A persisted state this controller cannot resume from (the message says why)."""
+
+
+class _State(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class SavedReplica(_State):
+    """A replica's decisions and fitted costs, kept until it registers again."""
+
+    planner: PlannerState
+    last_plan: Plan | None = None
+    cost_model: CostModel
+    concurrency: float | None = None
+    mode_switches: int = 0
+    next_completion: int = -1  # where the persisted windows end in this replica's record stream
+    next_step: int = -1
+    dropped: Dropped = Dropped()
+
+
+class ControllerState(_State):
+    """Everything a controller persists."""
+
+    schema_version: int = SCHEMA_VERSION
+    version: int
+    updates: int
+    workload: EstimatorState
+    replicas: dict[str, SavedReplica] = {}
+    overrides: dict[str, Override] = {}
+    history: list[Decision] = []
+    received: dict[str, int] = {}
+    rejected: dict[str, int] = {}
+    plan_errors: int = 0
+    update_seconds: Histogram = Histogram(UPDATE_SECONDS_BUCKETS)
+
+
+def saved_replica(r: ReplicaState) -> SavedReplica:
+    return SavedReplica(
+        planner=r.planner.state,
+        last_plan=r.planner.last,
+        cost_model=r.cost_model,
+        concurrency=r.concurrency,
+        mode_switches=r.mode_switches,
+        next_completion=r.next_completion,
+        next_step=r.next_step,
+        dropped=Dropped(completions=r.dropped_completions, steps=r.dropped_steps),
+    )
+
+
+def dump(fleet: FleetController) -> ControllerState:
+    """The controller's state. Replicas set aside (not registered since a restart, or forgotten)
+    are kept too: a second restart before they register must not lose them."""
+    return ControllerState(
+        version=fleet.version,
+        updates=fleet.updates,
+        workload=fleet.workload.state(),
+        replicas={**fleet.saved, **{rid: saved_replica(r) for rid, r in fleet.replicas.items()}},
+        overrides=dict(fleet.overrides.items),
+        history=list(fleet.history),
+        received=dict(fleet.received),
+        rejected=dict(fleet.rejected),
+        plan_errors=fleet.plan_errors,
+        update_seconds=fleet.update_seconds,
+    )
+
+
+def _migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older layout up to :data:`SCHEMA_VERSION` (version 0 is version 1 without the number)."""
+    found = raw.get("schema_version", 0)
+    if not isinstance(found, int) or isinstance(found, bool) or found < 0:
+        raise StateError(f"schema_version {found!r} is not a version number")
+    if found > SCHEMA_VERSION:
+        raise StateError(f"state has schema version {found}, newer than this controller's {SCHEMA_VERSION}")
+    steps: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: lambda s: s}
+    while found < SCHEMA_VERSION:
+        raw = steps[found](raw)
+        found += 1
+    return {**raw, "schema_version": SCHEMA_VERSION}
+
+
+def parse(raw: Any) -> ControllerState:
+    """A persisted state (the JSON-decoded mapping), migrated; :class:`StateError` if unusable."""
+    if not isinstance(raw, dict):
+        raise StateError(f"a controller state must be a mapping, got {type(raw).__name__}")
+    migrated = _migrate(raw)
+    try:
+        return ControllerState.model_validate(migrated)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise StateError(f"field {where}: {first['msg']}") from None
+
+
+def load(fleet: FleetController, state: ControllerState) -> None:
+    """Resume ``fleet`` from ``state``. Replicas re-register with their current facts
+    (mode, KV capacity); until then their saved state waits in ``fleet.saved``."""
+    fleet.version = state.version
+    fleet.updates = state.updates
+    fleet.workload.restore(state.workload)
+    fleet.saved = dict(state.replicas)
+    fleet.overrides.items.update(state.overrides)
+    fleet.history.extend(state.history)
+    fleet.received.update(state.received)
+    fleet.rejected.update(state.rejected)
+    fleet.plan_errors = state.plan_errors
+    fleet.update_seconds = state.update_seconds

@@ -1,0 +1,186 @@
+"""Typed views of the controller: what the admin API answers and ``/metrics`` exports.
+
+:func:`snapshot` reads a :class:`~ebplus.controller.fleet.FleetController` into one
+:class:`FleetSnapshot`; the admin routes return it (or parts of it) and the
+exporter renders the same object, so ``/admin/*`` and ``/metrics`` agree by
+construction. The models are pydantic: they cross the Ray boundary as JSON
+(:meth:`FleetSnapshot.model_dump_json`), which survives a rolling update where
+ingress and controller run different code, and FastAPI documents them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.estimator import Estimate
+from ebplus.controller.messages import Mode, StepKind, ThresholdUpdate
+from ebplus.controller.overrides import Override
+from ebplus.controller.planner import Plan
+from ebplus.controller.stats import Histogram
+from ebplus.controller.theory import Crossover
+
+if TYPE_CHECKING:
+    from ebplus.controller.fleet import FleetController, ReplicaState
+
+
+class _View(BaseModel):
+    # extra="ignore": a newer controller's additional fields do not break an older reader
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ThresholdsView(_View):
+    """A :class:`~ebplus.controller.messages.ThresholdUpdate` as JSON."""
+
+    mode: Mode = Field(description="Configured mode: mb | eb | v0 | auto | shadow.")
+    active: Mode = Field(description="Policy the replica runs: mb or eb.")
+    k: int = Field(description="EB threshold.")
+    n: int = Field(description="Cap on running requests.")
+    version: int = Field(description="Version the controller publishes.")
+
+    @classmethod
+    def of(cls, update: ThresholdUpdate) -> ThresholdsView:
+        return cls(mode=update.mode, active=update.active, k=update.k, n=update.n, version=update.version)
+
+
+class Dropped(_View):
+    completions: int = 0
+    steps: int = 0
+
+
+class ReplicaView(ThresholdsView):
+    """Everything the controller shows about one replica."""
+
+    applied_version: int = Field(description="Version the replica reports applied (-1: none yet).")
+    updated_at: float = Field(description="Unix time of the last decision for this replica.")
+    last_seen: float = Field(description="Unix time of the replica's last push.")
+    device: str = Field(description="Accelerator the replica reported.")
+    theta0: float | None = Field(description="CFR threshold fraction (eq. 3); null before the first estimate.")
+    delta_theta: float | None = Field(description="IFR correction (eq. 5), clamped.")
+    theta_star: float | None = Field(description="theta0 + Delta theta, clamped.")
+    theta: float = Field(description="The smoothed theta k is computed from (theta_cold before any estimate).")
+    n_star: int | None = Field(description="Memory-safe N* of the last plan.")
+    concurrency: float | None = Field(description="EMA of running + waiting requests.")
+    kv_capacity_tokens: int
+    max_num_seqs: int
+    crossover: Crossover | None = Field(description="Both sides of the EB/MB rule at the last plan.")
+    reason: str | None = Field(description="Why the last EB/MB decision came out as it did.")
+    cost_model: CostModel = Field(description="The cost model the last plan used.")
+    cost_fitted: list[str] = Field(description="Which parts of the cost model came from this replica's steps.")
+    mode_switches: int = Field(description="Changes of the active policy published to this replica.")
+    dropped: Dropped = Field(description="Telemetry records the replica dropped.")
+    engine_stats: dict[str, float] = Field(description="The replica's cumulative engine counters.")
+    step_seconds: dict[StepKind, Histogram] = Field(description="Step times by kind.")
+
+
+class ControllerInfo(_View):
+    started_at: float
+    restored: bool
+
+
+class FleetSnapshot(_View):
+    """One consistent view of the whole controller."""
+
+    version: int
+    updates: int
+    estimate: Estimate | None
+    completions: int
+    received: dict[str, int]
+    rejected: dict[str, int]
+    plan_errors: int
+    overrides: dict[str, Override]
+    last_update_seconds: float
+    update_seconds: Histogram
+    replicas: dict[str, ReplicaView]
+    controller: ControllerInfo | None = None
+
+
+class Decision(_View):
+    """One entry of the history: the inputs and outputs of a decision for one replica."""
+
+    version: int
+    at: float
+    replica_id: str
+    cause: str
+    update: ThresholdsView
+    plan: Plan | None
+    estimate: Estimate | None
+    cost_model: CostModel
+    override: Override | None
+
+
+def replica_view(fleet: FleetController, replica: ReplicaState) -> ReplicaView:
+    plan = replica.planner.last
+    stats = replica.engine_stats
+    return ReplicaView(
+        **ThresholdsView.of(replica.current).model_dump(),
+        applied_version=replica.applied_version,
+        updated_at=replica.updated_at,
+        last_seen=replica.last_seen,
+        device=replica.facts.device,
+        theta0=None if plan is None else plan.theta0,
+        delta_theta=None if plan is None else plan.delta_theta,
+        theta_star=None if plan is None else plan.theta_star,
+        theta=replica.planner.state.theta or fleet.config.planner.theta_cold,
+        n_star=None if plan is None else plan.n_cap,
+        concurrency=replica.concurrency,
+        kv_capacity_tokens=replica.facts.kv_capacity_tokens,
+        max_num_seqs=replica.facts.max_num_seqs,
+        crossover=None if plan is None else plan.crossover,
+        reason=None if plan is None else plan.reason,
+        cost_model=replica.cost_model,
+        cost_fitted=[] if replica.cost is None else list(replica.cost.fitted),
+        mode_switches=replica.mode_switches,
+        dropped=Dropped(completions=replica.dropped_completions, steps=replica.dropped_steps),
+        engine_stats={} if stats is None else {k: float(getattr(stats, k)) for k in stats.__struct_fields__},
+        step_seconds=dict(replica.step_seconds),
+    )
+
+
+def snapshot(fleet: FleetController) -> FleetSnapshot:
+    """The controller as one :class:`FleetSnapshot` (expired overrides dropped first)."""
+    fleet.expire_overrides()
+    return FleetSnapshot(
+        version=fleet.version,
+        updates=fleet.updates,
+        estimate=fleet.workload.estimate,
+        completions=fleet.workload.completions,
+        received=dict(fleet.received),
+        rejected=dict(fleet.rejected),
+        plan_errors=fleet.plan_errors,
+        overrides=dict(fleet.overrides.items),
+        last_update_seconds=fleet.last_update_seconds,
+        update_seconds=fleet.update_seconds,
+        replicas={rid: replica_view(fleet, r) for rid, r in fleet.replicas.items()},
+    )
+
+
+class OverrideResult(_View):
+    """The answer to an override request: the new version, or the field that was wrong."""
+
+    version: int | None = None
+    override: Override | None = None
+    error: str | None = Field(None, description="The offending field, when the override was refused.")
+    message: str | None = None
+
+
+class ClearResult(_View):
+    removed: bool
+    version: int
+
+
+class RecomputeResult(_View):
+    version: int
+    estimate: Estimate | None
+
+
+class Ping(_View):
+    """Liveness: version, known replicas, whether state was resumed, and the controller's pid
+    (fault-injection tests stop and continue that process)."""
+
+    version: int
+    replicas: int
+    restored: bool
+    pid: int

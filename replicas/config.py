@@ -1,0 +1,116 @@
+"""The replica side's configuration: the vLLM engine, the EB+ scheduler, the Serve deployment.
+
+Sections of the deployment config (:class:`ebplus.deploy.config.ServeConfig`);
+:class:`SchedulerSection` is also what the scheduler itself reads from vLLM's
+``--additional-config`` (see :mod:`ebplus.replicas.settings`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ebplus.controller import theory
+from ebplus.controller.messages import Mode, ThresholdUpdate
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSection(_Section):
+    """vLLM engine arguments. ``max_num_seqs`` bounds N: it sizes buffers at start."""
+
+    dtype: str = Field("auto", description="Model dtype; use float32 on CPUs without AVX-512 bf16.")
+    max_model_len: int = Field(4096, ge=16, description="Longest prompt + output, tokens.")
+    max_num_seqs: int = Field(256, ge=2, description="Largest N the controller may set (engine start-up cap).")
+    max_num_batched_tokens: int | None = Field(None, ge=16, description="Token budget B per step.")
+    enforce_eager: bool = Field(False, description="Skip torch.compile / CUDA graphs (faster start).")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use.")
+    cpu_kv_cache_gib: float | None = Field(
+        None, gt=0, description="CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    num_gpu_blocks_override: int | None = Field(None, ge=1, description="Force the number of KV blocks (tests).")
+    extra: dict[str, Any] = Field(default_factory=dict, description="Further vLLM engine kwargs, passed as given.")
+
+    @field_validator("cpu_kv_cache_gib")
+    @classmethod
+    def _whole_gib(cls, value: float | None) -> float | None:
+        # NOTE: vLLM 0.29 parses VLLM_CPU_KVCACHE_SPACE with int(): 0.5 would pass here and
+        # then fail every replica start with "invalid literal for int()". Checked by a
+        # validator rather than the type so the generated JSON schema stays as published.
+        if value is not None and value != int(value):
+            raise ValueError(f"must be a whole number of GiB (vLLM reads it as an integer), got {value:g}")
+        return value
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "enforce_eager": self.enforce_eager,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+        }
+        if self.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.num_gpu_blocks_override is not None:
+            kwargs["num_gpu_blocks_override"] = self.num_gpu_blocks_override
+        return {**kwargs, **self.extra}
+
+
+class SchedulerSection(_Section):
+    """The EB+ scheduler's start-up values; the controller changes them at run time."""
+
+    mode: Mode = Field(
+        Mode.AUTO,
+        description="mb | eb | v0 | auto (EB+: the controller picks EB or MB) | shadow (MB, with the "
+        "controller's choice only published).",
+    )
+    k: int | None = Field(None, ge=1, description="Initial EB threshold (default: planner.theta_cold x n).")
+    n: int | None = Field(None, ge=2, description="Initial cap on running requests (default: engine.max_num_seqs).")
+    telemetry_buffer: int = Field(
+        16384, ge=1, description="Records the scheduler buffers per kind between two drains (oldest dropped, counted)."
+    )
+
+    def initial(self, max_num_seqs: int, theta_cold: float) -> ThresholdUpdate:
+        """The thresholds before any controller decision (version 0).
+
+        ``n`` may only lower the engine's start-up ``max_num_seqs`` (vLLM sizes its
+        buffers from it); ``k`` defaults to the controller's cold threshold
+        ``theta_cold x n``. ``auto`` and ``shadow`` start in MB: the controller
+        switches ``auto`` to EB when EB wins.
+        """
+        n = max_num_seqs if self.n is None else self.n
+        if n > max_num_seqs:
+            raise ValueError(f"scheduler.n ({n}) must be <= engine.max_num_seqs ({max_num_seqs})")
+        k = theory.k_star(theta_cold, n) if self.k is None else self.k
+        if k > n:
+            raise ValueError(f"scheduler.k ({k}) must be <= n ({n})")
+        active = Mode.EB if self.mode in (Mode.EB, Mode.V0) else Mode.MB
+        return ThresholdUpdate(mode=self.mode, k=k, n=n, version=0, active=active)
+
+
+class ReplicaSection(_Section):
+    """The Ray Serve deployment of vLLM replicas."""
+
+    num_replicas: int = Field(1, ge=1, description="Replicas (one per GPU).")
+    accelerator: Literal["cpu", "gpu"] = Field("gpu", description="Where the engine runs.")
+    accelerator_type: str | None = Field(None, description="Ray accelerator type to pin replicas to, e.g. 'H200'.")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica actor.")
+    profile: str = Field(
+        "h200",
+        description="Prior cost model: a bundled profile name (controller/profiles) or a YAML file path.",
+    )
+    profiles: dict[str, str] = Field(
+        default_factory=dict,
+        description="Mixed fleets: GPU-name substring -> profile, matched against the replica's device name.",
+    )
+    max_ongoing_requests: int = Field(256, ge=1, description="Requests a replica handles at once.")
+    max_queued_requests: int = Field(
+        1024, ge=0, description="Requests queued before the API answers 503 with Retry-After (back-pressure)."
+    )
+    telemetry_interval_s: float = Field(0.5, gt=0, le=60, description="How often a replica pushes telemetry.")
+    telemetry_buffer: int = Field(
+        16384, ge=64, description="Records buffered per kind; beyond it records are dropped and counted."
+    )
