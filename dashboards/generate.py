@@ -1,6 +1,6 @@
 """Generate the Grafana dashboards (and their README section) from code.
 
-    python -m ebplus.dashboards.generate           # write dashboards/*.json, the chart's copies, README-section.md
+    python -m ebplus.dashboards.generate           # write dashboards/*.json, the chart's copies, docs/reference/dashboards.md
     python -m ebplus.dashboards.generate --check   # exit 1 if any committed file differs
 
 Every metric a query names goes through :func:`metric`, which accepts only names in
@@ -25,7 +25,7 @@ from ebplus.dashboards.promql import base_name, metric_names
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIRS = (ROOT / "dashboards", ROOT / "helm" / "ebplus" / "dashboards")
-README_SECTION = ROOT / "dashboards" / "README-section.md"
+README_SECTION = ROOT / "docs" / "reference" / "dashboards.md"
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"

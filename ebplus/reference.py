@@ -235,7 +235,8 @@ def render_config() -> str:
 
 
 def render_metrics() -> str:
-    from ebplus.controller.exporter import METRICS
+    from ebplus.controller.exporter import ENGINE_STEP_PHASES, METRICS
+    from ebplus.controller.telemetry import REJECT_REASONS
 
     rows = [
         (code(m.name), m.kind, ", ".join(code(label) for label in m.labels) or "—", cell(m.help)) for m in METRICS
@@ -250,6 +251,12 @@ def render_metrics() -> str:
         "exposed as `_bucket`, `_sum` and `_count`.",
         "",
         *table(("Metric", "Type", "Labels", "Help"), rows),
+        "",
+        "Values of the open-ended labels:",
+        "",
+        "- `phase` of `ebplus_steps_total`: " + ", ".join(code(v) for v in ENGINE_STEP_PHASES) + ";",
+        "- `reason` of `ebplus_telemetry_rejected_total` (a record the controller refused, counted and never",
+        "  raised): " + ", ".join(code(v) for v in REJECT_REASONS) + ".",
     ]
     return "\n".join(lines) + "\n"
 
