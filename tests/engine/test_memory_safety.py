@@ -19,7 +19,7 @@ from engine_helpers import TINY_ENGINE, core_of, make_llm
 pytestmark = pytest.mark.engine
 
 #: N* is sized for an overflow probability per step of EPS. With the default 0.01 a long
-#: saturated run meets a few overflow moments by design (see README, "Reliability");
+#: saturated run meets a few overflow moments by design (see docs/benchmarks/reliability.md);
 #: a run of ~10^3 steps needs EPS well below 1e-3 to expect none.
 EPS = 1e-6
 
