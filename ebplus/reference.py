@@ -345,7 +345,9 @@ def render_helm_values() -> str:
         if f.path == "config":
             default, description = "`deploy/gpu.yaml`", f.description + " Keys: [configuration reference](config.md)."
         else:
-            default = "" if chart is PydanticUndefined else value_text(chart)
+            # what values.yaml sets, else the schema's own default (a key values.yaml leaves out)
+            chosen = f.default if chart is PydanticUndefined else chart
+            default = "" if chosen is PydanticUndefined else value_text(chosen)
             description = f.description
         rows.append((code(f.path), cell(f.type), f.bounds, default, cell(description)))
     lines = [
@@ -354,7 +356,7 @@ def render_helm_values() -> str:
         banner("`ebplus.deploy.helm_values.ChartValues` and `helm/ebplus/values.yaml`"),
         "",
         "Every value of the `helm/ebplus` chart. *Chart default* is what `values.yaml` sets (for `workerGroups[]`,",
-        "its first group); `values.schema.json` is generated from the same models (`python -m",
+        "its first group), else the schema's default; `values.schema.json` is generated from the same models (`python -m",
         "ebplus.deploy.helm_values`), so `helm install` and `helm lint` refuse a value outside these types and",
         "bounds, naming it. The [Kubernetes guide](../kubernetes/index.md) shows them in use.",
         "",
