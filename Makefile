@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ebplus-installed
 CONFIG ?= deploy/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit lint serve models bench-sim bench-controller clean
+.PHONY: install test test-unit lint docs serve models bench-sim bench-controller clean
 
 install: $(STAMP)
 
@@ -21,9 +21,15 @@ $(STAMP): pyproject.toml deploy/install.sh
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install tools
+test: install tools docs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# the documentation site, built strictly (a broken link or anchor fails) into a
+# temporary directory (not --quiet: it hides the warnings --strict counts, and passes);
+# `.venv/bin/mkdocs serve` previews it
+docs: install
+	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$site"
 
 # fast tier only: pure logic and the simulator (seconds)
 test-unit: install

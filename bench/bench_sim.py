@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ebplus.bench.outputs import raw_path
 from ebplus.bench.sim import Policy, SimConfig, SimResult, simulate
 from ebplus.bench.workloads import build_requests, load_source
 from ebplus.controller import theory
@@ -486,10 +487,11 @@ def main(args: argparse.Namespace) -> int:
     (out_dir / "bench_sim.md").write_text(text)
     payload = {"results": results, "summary": summary, "fluid": fluid, "speed": speed, "command": command,
                "settings": [asdict(s) for s in SETTINGS], "seeds": list(seeds), "tuning_seeds": list(tuning)}  # fmt: skip
-    (out_dir / "bench_sim.json").write_text(json.dumps(payload, indent=1))
+    raw = raw_path(out_dir / "bench_sim.md")
+    raw.write_text(json.dumps(payload, indent=1))
     if not args.no_plots:
         plot_throughput(results, out_dir)
         plot_timelines(results, out_dir)
     print(text)
-    print(f"wrote {out_dir}/bench_sim.md, bench_sim.json and plots in {time.perf_counter() - started:.0f} s")
+    print(f"wrote {out_dir}/bench_sim.md, {raw} and plots in {time.perf_counter() - started:.0f} s")
     return 0

@@ -30,7 +30,7 @@ H200 by datasheet ratios (bandwidth for memory-bound terms, dense bf16 FLOPS for
 the prefill per-token cost) and checked only against the WildChat gains.
 
 Run: ``python -m ebplus.bench.calibrate`` (about 5 minutes on 2 cores); it rewrites
-``controller/profiles/*.yaml`` and ``bench/results/calibration.{md,json}``.
+``controller/profiles/*.yaml``, ``docs/benchmarks/results/calibration.md`` and ``bench/results/calibration.json``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import minimize
 
+from ebplus.bench.outputs import SUMMARY_DIR, raw_path
 from ebplus.bench.sim import Policy, SimConfig, simulate
 from ebplus.bench.workloads import build_requests, load_source
 from ebplus.controller.cost_model import PROFILE_DIR, HardwareProfile, dump_profile
@@ -336,7 +337,7 @@ def _eval_job(args: tuple[str, Factors]) -> tuple[str, Factors, dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ebplus.bench.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles-dir", type=Path, default=PROFILE_DIR)
-    parser.add_argument("--report", type=Path, default=Path("bench/results/calibration.md"))
+    parser.add_argument("--report", type=Path, default=SUMMARY_DIR / "calibration.md")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
     with ProcessPoolExecutor(args.workers) as pool:
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         dump_profile(prof, args.profiles_dir / f"{name}.yaml")
     args.report.parent.mkdir(parents=True, exist_ok=True)
     write_report(results, args.report)
-    args.report.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str))
+    raw_path(args.report).write_text(json.dumps(results, indent=1, default=str))
     print(args.report.read_text())
     return 0
 

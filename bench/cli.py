@@ -10,6 +10,8 @@ import argparse
 import json
 import math
 
+from ebplus.bench.outputs import RAW_DIR, SUMMARY_DIR
+
 POLICIES = ("mb", "eb", "v0", "eb+")
 
 
@@ -84,7 +86,11 @@ def register(sub: argparse._SubParsersAction) -> None:
             "file and PNG plots to --out."
         ),
     )
-    b.add_argument("--out", default="bench/results", help="output directory (default bench/results)")
+    b.add_argument(
+        "--out",
+        default=str(SUMMARY_DIR),
+        help=f"directory of the table and plots (default {SUMMARY_DIR}; the raw JSON goes to {RAW_DIR})",
+    )
     b.add_argument("--profiles", default=None, help="comma-separated profile names (default: all shipped)")
     b.add_argument("--quick", action="store_true", help="small runs and a coarse sweep (a smoke test, ~1 min)")
     b.add_argument("--workers", type=_positive_int, default=None, help="processes (default: CPU count)")

@@ -3,7 +3,7 @@
     python -m ebplus.bench.e2e_bench [--config deploy/local.yaml] [--modes mb,auto]
                               [--dataset chat|random] [--num-prompts 256]
                               [--max-concurrency 32] [--output-len 256]
-                              [--out bench/results/e2e-cpu-smollm2.md]
+                              [--out docs/benchmarks/results/e2e-cpu-smollm2.md]
 
 For each mode the script starts ``ebplus serve`` (the real CLI, in a subprocess)
 with the config's ``scheduler.mode`` replaced, waits until it serves, sends a
@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from ebplus.bench.outputs import SUMMARY_DIR, raw_path
 from ebplus.bench.prompts import chat_requests
 from ebplus.bench.reliability import start_deployment, stop_deployment
 from ebplus.deploy.app import model_path
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-len", type=int, default=256, help="random: prompt tokens")
     parser.add_argument("--output-len", type=int, default=256, help="chat: max_tokens; random: exact output tokens")
     parser.add_argument("--range-ratio", type=float, default=0.5, help="random: uniform jitter of both lengths (+-)")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/e2e-cpu-smollm2.md"))
+    parser.add_argument("--out", type=Path, default=SUMMARY_DIR / "e2e-cpu-smollm2.md")
     args = parser.parse_args(argv)
     command = "python -m ebplus.bench.e2e_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     rows = []
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, command.strip())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+    raw_path(args.out).write_text(json.dumps(rows, indent=2))
     print(text)
     return 0
 

@@ -48,7 +48,7 @@ engine's ``schedule`` is wrapped with a timer), and the EB+ code's own time per
 step (``overhead_seconds``: phase decision, restriction, token counting,
 telemetry) relative to the mean step.
 
-    python -m ebplus.bench.engine_bench --k 6,32 --out bench/results/engine-cpu-smollm2.md
+    python -m ebplus.bench.engine_bench --k 6,32 --out docs/benchmarks/results/engine-cpu-smollm2.md
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from ebplus.bench.outputs import raw_path
 from ebplus.bench.prompts import chat_requests
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_model import CostModel
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="stock,mb,eb-fixed,eb-theory,auto")
     ap.add_argument("--update-every", type=int, default=40, help="controller: completions between decisions")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="write the table (markdown) and runs (JSON beside it)")
+    ap.add_argument("--out", type=Path, default=None, help="write the table (markdown) here, the runs (JSON) to bench/results/")
     args = ap.parse_args(argv)
 
     from ebplus.bench.local_engine import scheduler_of, start_llm
@@ -466,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             for r in runs
         ]
-        args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": raw}, indent=1))
+        raw_path(args.out).write_text(json.dumps({"meta": meta, "summary": rows, "runs": raw}, indent=1))
     return 0
 
 

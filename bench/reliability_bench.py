@@ -4,8 +4,8 @@ Starts ``ebplus serve --config tests/e2e/faults.yaml`` (or attaches to one with
 ``--attach PID:LOG``), runs the scenarios of :mod:`bench.reliability` at the sizes
 given, fuzzes the live OpenAPI with schemathesis, runs the memory-safety
 comparison (simulated always, on a real engine with ``--engine``) and writes
-``bench/results/reliability.json`` and ``bench/results/reliability.md`` (the table
-that README's "Reliability" section quotes).
+``bench/results/reliability.json`` and ``docs/benchmarks/results/reliability.md`` (the table
+that the docs' reliability benchmark page quotes).
 
     .venv/bin/python -m ebplus.bench.reliability_bench                 # ~15 min on 2 cores
     .venv/bin/python -m ebplus.bench.reliability_bench --quick         # the sizes the CI test uses
@@ -27,8 +27,7 @@ from pathlib import Path
 
 from ebplus.bench import memory_safety as ms
 from ebplus.bench import reliability as rel
-
-RESULTS = Path(__file__).with_name("results")
+from ebplus.bench.outputs import SUMMARY_DIR, raw_path
 
 
 def memory_safety_sim() -> list[dict]:
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--soak-concurrency", type=int, default=64)
     p.add_argument("--fuzz-examples", type=int, default=40)
     p.add_argument("--engine", action="store_true", help="also run the real-engine memory-safety comparison")
-    p.add_argument("--out", type=Path, default=RESULTS / "reliability")
+    p.add_argument("--out", type=Path, default=SUMMARY_DIR / "reliability", help="PATH.md gets the table, bench/results/ the JSON")
     args = p.parse_args(argv)
     if args.quick:
         args.kills, args.hang_s, args.replica_kills, args.soak_requests, args.fuzz_examples = 3, 8.0, 1, 2000, 15
@@ -253,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         results["memory_engine"] = memory_safety_engine()
     results["wall_s"] = round(time.monotonic() - started)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    raw_path(args.out.with_suffix(".md")).write_text(json.dumps(results, indent=1, default=str) + "\n")
     md = table(results)
     args.out.with_suffix(".md").write_text(
         f"Reliability figures, {results['machine']['when']}, {results['machine']['cpus']} CPUs "

@@ -20,7 +20,7 @@ from ebplus.bench import memory_safety as ms
 pytestmark = pytest.mark.engine
 
 #: N* is sized for an overflow probability per step of EPS. With the default 0.01 a long
-#: saturated run meets a few overflow moments by design (see README, "Reliability");
+#: saturated run meets a few overflow moments by design (see docs/benchmarks/reliability.md);
 #: a run of ~10^3 steps needs EPS well below 1e-3 to expect none.
 EPS = 1e-6
 

@@ -1,4 +1,4 @@
-"""Controller changes the simulator showed were needed (see bench/RESULTS.md, "Changes to shared modules").
+"""Controller changes the simulator showed were needed (see docs/benchmarks/simulator-changes.md).
 
 KV-aware and prior-regularised cost fit, KV folded into the closed forms, the
 empirical mean age in N*, relative hysteresis, preemption feedback on N (in
