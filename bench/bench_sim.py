@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ebplus.bench import cold_start
 from ebplus.bench.outputs import raw_path
 from ebplus.bench.sim import Policy, SimConfig, SimResult, simulate
 from ebplus.bench.workloads import build_requests, load_source
@@ -484,6 +485,9 @@ def main(args: argparse.Namespace) -> int:
         + (f" --seeds {args.seeds}" if args.seeds else "")
     )
     text = markdown(results, summary, fluid, speed, command, seeds)
+    if not args.quick:  # how the estimate tracks the truth from a cold start (ebplus.bench.cold_start)
+        text += "\n" + "\n".join(["## Cold start", "", cold_start.__doc__.split("\n\n")[1].replace("\n", " "), "",
+                                    *cold_start.markdown(cold_start.rows())]) + "\n"  # fmt: skip
     (out_dir / "bench_sim.md").write_text(text)
     payload = {"results": results, "summary": summary, "fluid": fluid, "speed": speed, "command": command,
                "settings": [asdict(s) for s in SETTINGS], "seeds": list(seeds), "tuning_seeds": list(tuning)}  # fmt: skip

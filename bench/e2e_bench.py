@@ -18,9 +18,11 @@ Datasets:
   the distribution the controller is meant to estimate, and greedy decoding
   makes every mode produce the same tokens.
 * ``random``: vLLM's random-token prompts of ``--input-len`` and exactly
-  ``--output-len`` output tokens (``ignore_eos``, both ±``--range-ratio``). Every
-  request ends at its cap, which the controller treats as right-censored: it
-  learns nothing about natural lengths and stays near its cold start.
+  ``--output-len`` output tokens (``ignore_eos``, both ±``--range-ratio``), what
+  ``vllm bench serve --dataset-name random --ignore-eos`` sends. Every request ends
+  at its cap: the controller learns nothing of natural lengths, and reads the caps
+  as what they are, the departures (``model: caps``, ``mu_o`` their mean; see
+  ``ebplus.controller.departures``).
 
 It reports output and total tokens/s, TTFT and TPOT percentiles and, for
 ``auto``, what the controller decided. Modes run one after the other on the same
@@ -57,38 +59,53 @@ def write_chat_dataset(path: Path, num_prompts: int, seed: int = 0) -> Path:
     return path
 
 
-def _bench_args(args: argparse.Namespace, base: str, model_id: str, tokenizer: str, result_dir: Path, mode: str):
+def random_dataset(input_len: int, output_len: int, range_ratio: float) -> list[str]:
+    """``vllm bench serve`` arguments of its random dataset, every request to its max_tokens (``--ignore-eos``)."""
+    return [
+        "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+        "--random-range-ratio", str(range_ratio), "--ignore-eos",
+    ]  # fmt: skip
+
+
+def serving_benchmark(
+    base_url: str,
+    model_id: str,
+    tokenizer: str,
+    dataset: list[str],
+    num_prompts: int,
+    max_concurrency: int,
+    result_dir: Path,
+    name: str,
+) -> dict:
+    """Run vLLM's serving benchmark (``vllm bench serve``'s own code) against ``/v1/completions``; its result."""
     from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
+    argv = [
+        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+        "--model", model_id, "--tokenizer", tokenizer, *dataset,
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(max_concurrency),
+        "--seed", "0", "--percentile-metrics", "ttft,tpot,itl",
+        "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(result_dir),
+        "--result-filename", f"{name}.json", "--disable-tqdm",
+    ]  # fmt: skip
+    return bench_main(parser.parse_args(argv))
+
+
+def _dataset(args: argparse.Namespace, result_dir: Path) -> list[str]:
     if args.dataset == "chat":
-        dataset = [
+        return [
             "--dataset-name", "custom", "--dataset-path", str(write_chat_dataset(result_dir / "chat.jsonl", args.num_prompts)),
             "--custom-output-len", str(args.output_len), "--temperature", "0",
         ]  # fmt: skip
-    else:
-        dataset = [
-            "--dataset-name", "random", "--random-input-len", str(args.input_len),
-            "--random-output-len", str(args.output_len), "--random-range-ratio", str(args.range_ratio),
-            "--ignore-eos",
-        ]  # fmt: skip
-    argv = [
-        "--backend", "openai", "--base-url", base, "--endpoint", "/v1/completions",
-        "--model", model_id, "--tokenizer", tokenizer, *dataset,
-        "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.max_concurrency),
-        "--seed", "0", "--percentile-metrics", "ttft,tpot,itl",
-        "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(result_dir),
-        "--result-filename", f"{mode}.json", "--disable-tqdm",
-    ]  # fmt: skip
-    return parser.parse_args(argv)
+    return random_dataset(args.input_len, args.output_len, args.range_ratio)
 
 
 def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
     """One deployment in ``mode``, warmed up, benchmarked, stopped."""
-    from vllm.benchmarks.serve import main as bench_main
-
     cfg = yaml.safe_load(Path(args.config).read_text())
     cfg.setdefault("scheduler", {})["mode"] = mode
     cfg.setdefault("http", {}).update(host="127.0.0.1", port=PORT)
@@ -109,7 +126,10 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
         print(
             f"[e2e] {mode}: benchmarking {args.num_prompts} requests at concurrency {args.max_concurrency}", flush=True
         )
-        result = bench_main(_bench_args(args, base, served.model.id, model_path(served), workdir, mode))
+        result = serving_benchmark(
+            base, served.model.id, model_path(served), _dataset(args, workdir), args.num_prompts,
+            args.max_concurrency, workdir, mode,
+        )  # fmt: skip
         admin = dep.admin("/admin/thresholds")
         estimates = dep.admin("/admin/estimates")
     finally:

@@ -69,7 +69,7 @@ from ebplus.bench.prompts import chat_requests
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.fleet import FleetController
-from ebplus.controller.messages import DrainReport, Mode, ThresholdUpdate
+from ebplus.controller.messages import CompletionRecord, DrainReport, FinishReason, Mode, ThresholdUpdate
 from ebplus.controller.views import ThresholdsView
 from ebplus.replicas.control import LocalEngineControl
 from ebplus.replicas.pump import LocalController, TelemetryPump, run
@@ -268,18 +268,22 @@ class _RecordingEngine:
 
 
 def theory_k(profile: Any, output_lens: list[int], max_tokens: int, n: int) -> tuple[int, dict]:
-    """k* = floor(theta* N) from the profile and the hazard of the observed output lengths.
+    """k* = floor(theta* N) from the profile and the workload estimate of the observed output lengths.
 
-    Outputs that reached ``max_tokens`` are right-censored, as in the controller.
+    Outputs that reached ``max_tokens`` ended at their cap, as the controller reads them.
     """
     from ebplus.controller import theory
-    from ebplus.controller.estimator import fit_hazard
+    from ebplus.controller.estimator import WorkloadEstimator
 
-    lens = np.asarray(output_lens, dtype=np.int64)
-    p0, eta, _, _, method = fit_hazard(lens, lens >= max_tokens)
-    ts = theory.theta_star(p0, eta, profile.alpha_p, profile.alpha_d, profile.beta_d, n)
+    est = WorkloadEstimator(window=len(output_lens), update_every=1, min_samples=1)
+    for i, out in enumerate(output_lens):
+        finish = FinishReason.LENGTH if out >= max_tokens else FinishReason.STOP
+        est.observe(CompletionRecord(1, int(out), finish, seq=i, max_tokens=max_tokens))
+    e = est.update()
+    assert e is not None
+    ts = theory.theta_star(e.p0, e.eta, profile.alpha_p, profile.alpha_d, profile.beta_d, n)
     k = theory.k_star(ts.theta_star, n)
-    return k, {"p0": p0, "eta": eta, "method": method, **asdict(ts), "k": k}
+    return k, {"p0": e.p0, "eta": e.eta, "method": e.method, "model": e.model, **asdict(ts), "k": k}
 
 
 def pct(values: list[float], q: float) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 from ebplus.controller.config import PlannerConfig
 from ebplus.controller.cost_model import resolve_profile
 from ebplus.controller.estimator import WorkloadEstimator
+from ebplus.controller.messages import CompletionRecord, FinishReason
 from ebplus.controller.planner import Plan, ThresholdPlanner
 
 #: The simulated replica: the H200 profile with a small cache, so N* is ~100-150 rather than thousands.
@@ -31,8 +32,8 @@ def planner_plan(
 ) -> Plan:
     """The plan the controller makes for a replica once it has seen these requests."""
     est = WorkloadEstimator(window=len(outputs), input_window=len(inputs), update_every=1, min_samples=30, first_update=30)
-    for i, o in zip(inputs, outputs, strict=True):
-        est.observe(int(i), int(o))
+    for seq, (i, o) in enumerate(zip(inputs, outputs, strict=True)):
+        est.observe(CompletionRecord(int(i), int(o), FinishReason.STOP, seq=seq))
     planner = ThresholdPlanner(PlannerConfig(max_num_seqs=max_num_seqs, eps=eps))
     return planner.plan(est.update(), resolve_profile(profile).cost_model(), kv_capacity_tokens, n_obs=max_num_seqs)
 

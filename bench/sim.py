@@ -46,6 +46,7 @@ from ebplus.controller.messages import (
     EngineStats,
     FinishReason,
     Mode,
+    RunningRequest,
     StepKind,
     StepRecord,
     ThresholdUpdate,
@@ -54,6 +55,8 @@ from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
 from ebplus.replicas.pump import LocalController, TelemetryPump, run
 
 REPLICA_ID = "sim-0"
+#: Running requests a drain reports at most, like the vLLM scheduler (replicas/scheduler.py).
+RUNNING_SAMPLE = 512
 
 
 class Policy(StrEnum):
@@ -190,6 +193,9 @@ class Simulator:
             )
         size = len(requests)
         self.inp = requests.input_len.astype(np.int64)
+        # each request's cap (0: none): the workload's, else what a capped output tells of it
+        caps = requests.max_tokens if requests.max_tokens is not None else np.zeros(size, np.int64)
+        self._caps = np.where(requests.capped, requests.output_len, caps).astype(np.int64)
         self.out = requests.output_len.astype(np.int64)
         self.gen = np.zeros(size, np.int64)  # tokens generated, kept across preemptions
         self.first_s = np.full(size, np.nan)
@@ -251,9 +257,19 @@ class Simulator:
     # the engine side of the control loop (TelemetryPump's SyncEngine)
 
     def drain(self) -> DrainReport:
+        m = self.m
+        slots = np.arange(0, m, max(1, -(-m // RUNNING_SAMPLE)))
+        rids = self.rid[slots]
+        produced = self.out[rids] - self.left[slots]
+        caps = self._caps[rids]
+        running = [
+            RunningRequest(seq=r, input_len=i, age=a, max_tokens=c)
+            for r, i, a, c in zip(rids.tolist(), self.inp[rids].tolist(), produced.tolist(), caps.tolist(), strict=True)
+        ]
         report = DrainReport(
             completions=self._done_buf,
             steps=self._step_buf,
+            running=running,
             running_total=self.m,
             waiting_total=len(self.waiting),
             stats=EngineStats(preemptions=self.preemptions),
@@ -417,9 +433,7 @@ class Simulator:
             for r in rids.tolist():
                 out = int(self.out[r])
                 finish = FinishReason.LENGTH if capped[r] else FinishReason.STOP
-                self._done_buf.append(
-                    CompletionRecord(int(self.inp[r]), out, finish, seq=r, max_tokens=out if capped[r] else 0)
-                )
+                self._done_buf.append(CompletionRecord(int(self.inp[r]), out, finish, seq=r, max_tokens=int(self._caps[r])))
         return int(slots.size)
 
     def _jump_length(self, plan: StepPlan, n_dec: int, dec: np.ndarray | None, chunks: list, steps_to_push: int) -> int:

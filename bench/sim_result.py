@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ebplus.controller.estimator import Estimate
 from ebplus.controller.fleet import FleetController
 
 
@@ -82,7 +83,13 @@ class SimResult:
     )
 
     def as_json(self) -> dict:
-        return {key: getattr(self, key) for key in self.JSON_KEYS}
+        """The documented keys; online runs add ``estimate`` and ``first_estimate`` (see :func:`estimate_json`)."""
+        out = {key: getattr(self, key) for key in self.JSON_KEYS}
+        if self.controller is not None:
+            workload = self.controller.workload
+            out["estimate"] = estimate_json(self.controller, workload.estimate)
+            out["first_estimate"] = estimate_json(self.controller, workload.first)
+        return out
 
     def phase_tok_per_s(self) -> list[float]:
         """Total tokens/s of each phase: its tokens over the time from its start to its last completion."""
@@ -120,3 +127,21 @@ class SimResult:
     def steady_tok_per_s(self, lo: float = 0.2, hi: float = 0.8) -> float:
         """Total (input + output) tokens/s in steady state, as :meth:`steady_req_per_s`."""
         return self._steady_rate((self.input_len + self.output_len).astype(float), lo, hi)
+
+
+#: The fields of an estimate ``ebplus simulate --json`` and ``ebplus bench-sim`` report.
+ESTIMATE_KEYS = ("p0", "eta", "mu_o", "mu_l", "theta_star", "method", "model", "gof")
+
+
+def estimate_json(controller: FleetController, estimate: Estimate | None) -> dict | None:
+    """An estimate the controller made, with the theta* its first plan on it came to (``None``: none made).
+
+    ``mu_o`` is the mean *realized* output the closed forms use; ``model`` the departure
+    model fitted and ``gof`` its goodness of fit (see :mod:`ebplus.controller.departures`).
+    """
+    if estimate is None:
+        return None
+    plan = next((d.plan for d in controller.history if d.estimate == estimate and d.plan is not None), None)
+    out = {key: getattr(estimate, key) for key in ESTIMATE_KEYS if key != "theta_star"}
+    out["theta_star"] = None if plan is None else plan.theta_star
+    return {key: out[key] for key in ESTIMATE_KEYS}

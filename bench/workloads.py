@@ -159,6 +159,7 @@ class Requests:
     phases: tuple[ArrivalPhase, ...]
     drain: bool
     name: str
+    max_tokens: np.ndarray | None = None  # int64 per request: its cap (0: none)
 
     def __len__(self) -> int:
         return int(self.input_len.size)
@@ -203,7 +204,7 @@ def build_requests(
     schedule = (
         source if isinstance(source, Schedule) else Schedule(name=source.name, phases=[PhaseSpec(workload=source)])
     )
-    inputs, outputs, capped, phases = [], [], [], []
+    inputs, outputs, capped, caps, phases = [], [], [], [], []
     start = 0
     for i, ph in enumerate(schedule.phases):
         wl = resolve_workload(ph.workload) if isinstance(ph.workload, str) else ph.workload
@@ -220,6 +221,7 @@ def build_requests(
         inputs.append(inp)
         outputs.append(out)
         capped.append(np.zeros(size, bool) if cap is None else natural > cap)
+        caps.append(np.full(size, cap or 0, np.int64))
         phases.append(ArrivalPhase(start, start + size, c, offsets, label))
         start += size
     return Requests(
@@ -229,6 +231,7 @@ def build_requests(
         phases=tuple(phases),
         drain=schedule.drain,
         name=schedule.name,
+        max_tokens=np.concatenate(caps),
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ebplus.controller import theory
 from ebplus.controller.estimator import WorkloadEstimator
+from ebplus.controller.messages import CompletionRecord, FinishReason
 
 # theta0 needs alpha_p/alpha_d; without flags `estimate` uses the H200 reference
 # calibration (Qwen3-8B, DESIGN §4).
@@ -140,15 +141,18 @@ def run_theory(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_lengths(path: Path) -> tuple[list[int], list[int], list[bool]]:
-    """Parse a lengths file; errors name the file, line and field."""
+def read_lengths(path: Path) -> list[CompletionRecord]:
+    """Parse a lengths file into finished requests; errors name the file, line and field.
+
+    A line is an output length, or a JSON object with ``output_len`` and optionally
+    ``input_len``, ``max_tokens`` (the request's cap) and ``finish`` (``stop``,
+    ``length``, ``abort``; ``"censored": true`` is read as ``length``, the old form).
+    """
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise ValueError(f"{path}: cannot read: {exc.strerror}") from None
-    inputs: list[int] = []
-    outputs: list[int] = []
-    censored: list[bool] = []
+    records: list[CompletionRecord] = []
 
     def as_length(value: object, where: str, lo: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int | float) or not float(value).is_integer():
@@ -169,30 +173,35 @@ def read_lengths(path: Path) -> tuple[list[int], list[int], list[bool]]:
                 raise ValueError(f"{where}: invalid JSON: {exc.msg}") from None
             if "output_len" not in rec:
                 raise ValueError(f"{where}: field 'output_len' is missing")
-            outputs.append(as_length(rec["output_len"], f"{where}: field 'output_len'", 1))
-            inputs.append(as_length(rec.get("input_len", 1), f"{where}: field 'input_len'", 1))
+            out = as_length(rec["output_len"], f"{where}: field 'output_len'", 1)
             flag = rec.get("censored", False)
             if not isinstance(flag, bool):
                 raise ValueError(f"{where}: field 'censored' must be true or false, got {flag!r}")
-            censored.append(flag)
+            try:
+                finish = FinishReason(rec.get("finish", "length" if flag else "stop"))
+            except ValueError:
+                raise ValueError(f"{where}: field 'finish' must be stop, length or abort, got {rec['finish']!r}") from None
+            cap = as_length(rec.get("max_tokens", out if finish is FinishReason.LENGTH else 0), f"{where}: field 'max_tokens'", 0)
+            inp = as_length(rec.get("input_len", 1), f"{where}: field 'input_len'", 1)
+            records.append(CompletionRecord(inp, out, finish, seq=len(records), max_tokens=cap))
         else:
             try:
                 value = int(line)
             except ValueError:
                 raise ValueError(f"{where}: expected an integer output length, got {line[:40]!r}") from None
-            outputs.append(as_length(value, f"{where}: output length", 1))
-            inputs.append(1)
-            censored.append(False)
-    if not outputs:
+            out = as_length(value, f"{where}: output length", 1)
+            records.append(CompletionRecord(1, out, FinishReason.STOP, seq=len(records)))
+    if not records:
         raise ValueError(f"{path}: no lengths found")
-    return inputs, outputs, censored
+    return records
 
 
 def run_estimate(args: argparse.Namespace) -> int:
-    inputs, outputs, censored = read_lengths(args.lengths)
-    has_inputs = any(x != 1 for x in inputs)
-    est = WorkloadEstimator(window=len(outputs), update_every=1, min_samples=1)
-    est.observe_many(inputs, outputs, censored)
+    records = read_lengths(args.lengths)
+    has_inputs = any(r.input_len != 1 for r in records)
+    est = WorkloadEstimator(window=len(records), update_every=1, min_samples=1)
+    for rec in records:
+        est.observe(rec)
     e = est.update()
     assert e is not None
     result = {
@@ -202,6 +211,9 @@ def run_estimate(args: argparse.Namespace) -> int:
         "mu_l": e.mu_l if has_inputs else None,
         "theta0": theory.theta0(e.p0, args.alpha_p, args.alpha_d),
         "n_samples": e.n_samples,
+        "model": e.model,
+        "gof": e.gof,
+        "method": e.method,
     }
     if args.json:
         print(json.dumps(result))
@@ -212,5 +224,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     print(f"mu_O      {e.mu_o:.2f}   tokens")
     print(f"mu_L      {e.mu_l:.2f}   tokens" if has_inputs else "mu_L      n/a (no input lengths in file)")
     print(f"theta0    {result['theta0']:.6f}   (alpha_p = {args.alpha_p:g} s, alpha_d = {args.alpha_d:g} s)")
-    print(f"fit       {e.method} over t in [{e.t_lo}, {e.t_hi}]")
+    print(f"model     {e.model} (natural hazard p0 = {e.natural_p0:.4g}, eta = {e.natural_eta:.3g} after "
+          f"t0 = {e.t0}); goodness of fit {e.gof:.3f} (KS distance to Kaplan-Meier)")
+    print(f"theta     {e.method}")
     return 0

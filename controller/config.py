@@ -130,6 +130,16 @@ class PlannerConfig(BaseModel):
             "paper's four synthetic workloads; () keeps MB until the first estimate."
         ),
     )
+    cold_output_tokens: TokenMean = Field(
+        512.0,
+        description=(
+            "Before the first estimate, N is capped at the N* of geometric outputs of this mean (or the requests' "
+            "own caps, where smaller) and the prompts the replica is running: the KV the first cohort's outputs "
+            "will need. Without it a cold replica admits up to max_num_seqs, fills its KV cache with prompts, and "
+            "preempts for every token its cohort then decodes (H200, paper workload at c = 2048: 327 preemptions "
+            "before the first estimate)."
+        ),
+    )
     min_concurrency: float = Field(16.0, ge=0, description="No EB/MB decision while observed concurrency is lower.")
     theta_min: float = Field(theory.THETA_MIN, gt=0, lt=1, description="Lower clamp of theta*.")
     theta_max: float = Field(theory.THETA_MAX, gt=0, lt=1, description="Upper clamp of theta*.")
@@ -149,8 +159,15 @@ class ControllerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    window: int = Field(500, ge=10, description="Recent output lengths kept (W_O).")
-    input_window: int = Field(500, ge=10, description="Recent input lengths kept (W_L).")
+    window: int = Field(
+        500,
+        ge=10,
+        description=(
+            "Finished requests the departure model is fitted to (W_O, split evenly across replicas), with every "
+            "request admitted since the oldest of them that is still running (censored at its age)."
+        ),
+    )
+    input_window: int = Field(500, ge=10, description="Recent prompt lengths mu_L is averaged over (W_L).")
     update_every: int = Field(100, ge=1, description="Completions (fleet-wide) between re-estimations (M).")
     min_samples: int = Field(30, ge=1, description="No estimate before this many completions are held.")
     first_update: int = Field(

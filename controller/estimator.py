@@ -1,14 +1,34 @@
-"""The online workload estimator: p0, eta, mu_L, mu_O from completion telemetry.
+"""The online workload estimator: what the closed forms need of the traffic, from finished *and* running requests.
 
-A small class with explicit state, fed one observation at a time by the control
-loop (and so by the simulator), read through the immutable :class:`Estimate`.
+The controller's workload estimate (``p0``, ``eta``, ``mu_L``, ``mu_O``) used to
+come from a window of the last completions. That window is biased exactly when it
+matters: at a cold start it holds the first cohort's *shortest* requests (the long
+ones are still running), after a shift to longer outputs it lags in the unsafe
+direction for N*, and under ``vllm bench serve --ignore-eos`` (every request ends at
+its cap) it held no natural stop at all and the fit collapsed.
 
-Censoring. A request stopped by ``max_tokens`` did not reach its natural end: its
-natural output length is at least its cap. Counting it as a completion at the cap
-would put a spurious spike in the hazard there. We treat it as right-censored,
-Kaplan-Meier style: it is *at risk* for every ``t <= cap`` (it was still decoding)
-but contributes no *event*. The geometric fallback uses the censored MLE
-``p0 = events / sum(lengths)`` for the same reason.
+The window here is defined by *admission*: per replica, the requests with the most
+recent admission sequence numbers, finished or still running. A request's
+admission does not depend on its length, so censoring a running one at its age is
+independent of its length - the condition under which censored maximum likelihood
+(Kaplan-Meier, and the fit in :mod:`ebplus.controller.departures`) is unbiased.
+Replicas report their running requests' ages and caps with each telemetry push
+(a bounded, evenly spaced sample, weighted up to the running count).
+
+The :class:`Estimate` carries the departure model (which family was fitted and how
+well it fits) and the two hazard parameters the closed forms consume:
+
+* where the natural lengths follow a linear hazard from the first token (``t0 = 0``)
+  and caps seldom bind, the fitted ``(p0, eta)``;
+* otherwise (a minimum length, departures dominated by caps, a family that does not
+  fit) the constant-hazard equivalent of the *realized* departures, ``p0 = 1/E[D]``,
+  ``eta = 0``: the long-run rate at which a slot frees, which is what the CFR
+  threshold balances, and what kept online EB within 2% of the best fixed k on the
+  +-50% workloads before (their linear fit from 0 fails and fell back to it).
+
+``mu_o`` is the mean realized output ``E[min(O, cap)]``; ``mu_l`` counts the prompt
+tokens actually computed (prompt minus prefix-cache hits), as prefill cost and the
+KV a request holds of its own do.
 """
 
 from __future__ import annotations
@@ -16,31 +36,43 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ebplus.controller import theory
+from ebplus.controller import departures, theory
+from ebplus.controller.messages import CompletionRecord, FinishReason, RunningRequest
 
 Clock = Callable[[], float]
+
+#: Goodness of fit (KS distance) above which the linear hazard is not used for theta.
+GOF_LIMIT = 0.1
+#: Share of departures at the cap above which theta uses the realized departure rate.
+CAPPED_LIMIT = 0.1
 
 
 @dataclass(frozen=True)
 class Estimate:
     """One workload estimate, produced by :meth:`WorkloadEstimator.update`."""
 
-    p0: float  # hazard at t = 0 (1/tokens)
-    eta: float  # hazard slope (1/tokens^2), >= 0
-    mu_l: float  # mean input length (tokens)
-    mu_o: float  # mean generated output length, censored requests at their cap (tokens)
-    n_samples: int  # output lengths in the window
-    n_censored: int  # of which stopped by max_tokens
-    t_lo: int  # fitted hazard range, first t
-    t_hi: int  # fitted hazard range, last t (the 95th percentile)
-    method: str  # "wls", or "fallback: <reason>" when the geometric MLE was used
+    p0: float  # hazard at t = 0 the closed forms use (1/tokens)
+    eta: float  # hazard slope the closed forms use (1/tokens^2), >= 0
+    mu_l: float  # mean prompt tokens computed (prompt minus prefix-cache hits)
+    mu_o: float  # mean realized output E[min(O, cap)] (tokens)
+    n_samples: int  # requests in the window (finished and running)
+    n_censored: int  # of which running, aborted or capped
+    method: str  # how p0/eta were obtained (see the module docstring)
     timestamp: float
-    mu_o_sq: float = 0.0  # mean squared output length (0: unknown)
+    mu_o_sq: float = 0.0  # mean squared realized output (0: unknown)
+    model: str = "geometric"  # the departure model fitted ("linear-hazard", "shifted-linear-hazard", "caps")
+    gof: float = 0.0  # its goodness of fit: KS distance to the Kaplan-Meier estimate (0 = perfect)
+    t0: int = 0  # no natural stop before this many tokens
+    natural_p0: float = 0.0  # the natural length's fitted hazard
+    natural_eta: float = 0.0
+    capped_share: float = 0.0  # share of departures at the cap
+    n_running: int = 0  # running requests in the window (weighted)
+    mu_l_prompt: float = 0.0  # mean prompt length, cache hits included
 
     @classmethod
     def geometric(cls, mu_l: float, mu_o: float, method: str) -> Estimate:
@@ -55,16 +87,15 @@ class Estimate:
             mu_o=mu_o,
             n_samples=0,
             n_censored=0,
-            t_lo=0,
-            t_hi=0,
             method=method,
             timestamp=0.0,
             mu_o_sq=2.0 * mu_o * mu_o,
+            mu_l_prompt=mu_l,
         )
 
     @property
     def mean_age(self) -> float:
-        """Mean age (tokens generated) of a running request, ``E[O^2] / (2 E[O])``.
+        """Mean age (tokens generated) of a running request, ``E[D^2] / (2 E[D])``.
 
         A slot refilled as soon as it frees holds a request whose age is the
         equilibrium (inspection-paradox) age of the renewal process: long requests
@@ -77,7 +108,7 @@ class Estimate:
 
     @property
     def decode_context(self) -> float:
-        """Time-averaged KV context of a decoding request, ``mu_L + E[O^2] / (2 mu_O)``.
+        """Time-averaged KV context of a decoding request, ``mu_L + E[D^2] / (2 mu_O)``.
 
         A request with output ``O`` reads ``sum_{a<O} (L + a)`` KV tokens over its
         decode steps; per decode step that averages to this.
@@ -85,80 +116,45 @@ class Estimate:
         return self.mu_l + self.mean_age
 
 
-def fit_hazard(
-    lengths: np.ndarray, censored: np.ndarray, *, min_at_risk: int = 5, quantile: float = 95.0
-) -> tuple[float, float, int, int, str]:
-    """Weighted least-squares fit of the empirical hazard ``h(t) = p0 + eta*t``.
+@dataclass
+class ReplicaWindow:
+    """One replica's recent admissions: finished ones by sequence number, and its running sample."""
 
-    ``h(t) = #{events at t} / #{at risk at t}`` over ``t in [1, t95]``, weighted by
-    the number at risk (the inverse variance of ``h(t)`` up to a factor), points
-    with fewer than ``min_at_risk`` at risk skipped. A negative slope is clipped to
-    0 and ``p0`` refitted as the pooled rate; an unusable fit (too few points,
-    ``p0 <= 0``) falls back to the censored geometric MLE.
+    done: dict[int, CompletionRecord] = field(default_factory=dict)
+    running: list[RunningRequest] = field(default_factory=list)
+    running_total: int = 0
+    next_seq: int = 0  # for records without a sequence number (engines that do not report one)
 
-    Returns ``(p0, eta, t_lo, t_hi, method)``.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    censored = np.asarray(censored, dtype=bool)
-    events_total = int((~censored).sum())
-    exposure = float(lengths.sum())
-    fallback_p0 = min(1.0, max(events_total, 1) / exposure)
-    t_hi = max(1, int(np.percentile(lengths, quantile)))
-
-    def fallback(reason: str) -> tuple[float, float, int, int, str]:
-        return fallback_p0, 0.0, 1, t_hi, f"fallback: {reason}"
-
-    if events_total == 0:
-        return fallback("no uncensored completions")
-    size = int(lengths.max()) + 2
-    all_counts = np.bincount(lengths, minlength=size)
-    event_counts = np.bincount(lengths[~censored], minlength=size)
-    at_risk = np.cumsum(all_counts[::-1])[::-1]  # at_risk[t] = #{O >= t}
-    t = np.arange(1, t_hi + 1)
-    n_t = at_risk[1 : t_hi + 1].astype(float)
-    d_t = event_counts[1 : t_hi + 1].astype(float)
-    keep = n_t >= min_at_risk
-    t, n_t, d_t = t[keep], n_t[keep], d_t[keep]
-    if t.size < 2:
-        return fallback(f"{t.size} hazard points with >= {min_at_risk} at risk")
-    h = d_t / n_t
-    sw = np.sqrt(n_t)
-    design = np.column_stack([np.ones_like(t, dtype=float), t.astype(float)])
-    (p0, eta), *_ = np.linalg.lstsq(design * sw[:, None], h * sw, rcond=None)
-    if not (math.isfinite(p0) and math.isfinite(eta)):
-        return fallback("non-finite fit")
-    if eta < 0:
-        eta = 0.0
-        p0 = float(d_t.sum() / n_t.sum())
-    if p0 <= 0:
-        return fallback(f"fitted p0 = {p0:.3g} <= 0")
-    return min(float(p0), 1.0), float(eta), int(t[0]), int(t[-1]), "wls"
+    @property
+    def newest(self) -> int:
+        last_done = max(self.done, default=-1)
+        last_running = max((r.seq for r in self.running), default=-1)
+        return max(last_done, last_running)
 
 
 @dataclass
 class EstimatorState:
-    """What :class:`WorkloadEstimator` persists: its windows and counters."""
+    """What :class:`WorkloadEstimator` persists."""
 
-    outputs: list[int]
-    censored: list[bool]
+    replicas: dict[str, ReplicaWindow]
     inputs: list[int]
+    cached: list[int]
     completions: int
     pending: int
     updates: int
     estimate: Estimate | None = None
+    first: Estimate | None = None
 
 
 class WorkloadEstimator:
-    """Sliding windows of recent lengths and the periodic hazard fit (seed §3.4).
+    """Admission-ordered windows of finished and running requests, and the periodic fit.
 
     Args:
-        window: size of ``W_O``, the recent output lengths (authors: 500).
-        input_window: size of ``W_L``; defaults to ``window``.
+        window: requests in the estimation window, fleet-wide (split evenly across replicas).
+        input_window: recent prompts ``mu_L`` is averaged over; defaults to ``window``.
         update_every: completions between updates, ``M`` (authors: 100).
-        min_samples: no estimate before this many outputs are in the window.
+        min_samples: no estimate before this many finished requests are held.
         first_update: completions before the first update (default ``update_every``).
-            A cold controller runs on guesses (MB for EB+, ``theta_cold``) until then.
-        min_at_risk: hazard points with fewer requests at risk are skipped.
         clock: injected for tests; stamps each :class:`Estimate`.
     """
 
@@ -169,96 +165,191 @@ class WorkloadEstimator:
         update_every: int = 100,
         min_samples: int = 30,
         first_update: int | None = None,
-        min_at_risk: int = 5,
         clock: Clock = time.time,
     ) -> None:
         for name, value in (("window", window), ("update_every", update_every), ("min_samples", min_samples)):
             theory.int_at_least(name, value, 1)
+        self.window = window
         self.update_every = update_every
         self.min_samples = min_samples
         self.first_update = update_every if first_update is None else theory.int_at_least("first_update", first_update, 1)
-        self.min_at_risk = min_at_risk
         self._clock = clock
-        self._outputs: deque[int] = deque(maxlen=window)
-        self._censored: deque[bool] = deque(maxlen=window)
+        self._replicas: dict[str, ReplicaWindow] = {}
         self._inputs: deque[int] = deque(maxlen=input_window or window)
+        self._cached: deque[int] = deque(maxlen=input_window or window)
         self.completions = 0  # all observed, ever
         self.pending = 0  # observed since the last update
         self.updates = 0
         self.estimate: Estimate | None = None
+        self.first: Estimate | None = None  # the estimate of the first update, kept for comparison
 
-    def observe(self, input_len: int, output_len: int, censored: bool = False) -> None:
-        """Record one finished request. Raises ``ValueError`` on impossible lengths."""
-        inp = theory.int_at_least("input_len", input_len, 1)
-        out = theory.int_at_least("output_len", output_len, 1)
-        self._inputs.append(inp)
-        self._outputs.append(out)
-        self._censored.append(bool(censored))
+    # -- observations ------------------------------------------------------
+
+    def observe(self, record: CompletionRecord, replica: str = "") -> None:
+        """Record one finished request (natural stop, cap or abort). Raises ``ValueError`` on impossible lengths."""
+        theory.int_at_least("input_len", record.input_len, 1)
+        theory.int_at_least("output_len", record.output_len, 1)
+        w = self._replicas.setdefault(replica, ReplicaWindow())
+        seq = record.seq
+        if seq < 0:
+            seq, w.next_seq = w.next_seq, w.next_seq + 1
+        w.done[seq] = record
+        if len(w.done) > 2 * self.window:  # keep the newest admissions only (trimmed in bulk: cheap per record)
+            for old in sorted(w.done)[: len(w.done) - self.window]:
+                del w.done[old]
+        self._inputs.append(record.input_len)
+        self._cached.append(min(record.cached_tokens, record.input_len))
         self.completions += 1
         self.pending += 1
 
-    def observe_many(
-        self, input_lens: Iterable[int], output_lens: Iterable[int], censored: Iterable[bool] | None = None
-    ) -> None:
-        outs = list(output_lens)
-        cens = [False] * len(outs) if censored is None else list(censored)
-        for inp, out, c in zip(input_lens, outs, cens, strict=True):
-            self.observe(inp, out, c)
+    def observe_running(self, replica: str, running: Sequence[RunningRequest], total: int) -> None:
+        """The replica's requests still running now (a sample of ``total``); replaces its previous report."""
+        w = self._replicas.setdefault(replica, ReplicaWindow())
+        w.running = list(running)
+        w.running_total = max(int(total), len(w.running))
+
+    def forget(self, replica: str) -> None:
+        """A replica left the fleet: what it was running will never be reported finished."""
+        w = self._replicas.get(replica)
+        if w is not None:
+            w.running, w.running_total = [], 0
+
+    def cold_guess(self, replica: str, output_tokens: float) -> tuple[float, float] | None:
+        """``(mu_l, mu_o)`` for the KV a replica's first cohort will need, before any estimate.
+
+        ``mu_l`` is the mean prompt its running requests (and any finished ones) measure;
+        ``mu_o`` is ``output_tokens``, or the mean of the requests' own caps where those
+        are smaller. ``None`` until the replica has reported running requests.
+        """
+        w = self._replicas.get(replica)
+        if w is None or not w.running:
+            return None
+        prompts = [r.input_len - min(r.cached_tokens, r.input_len) for r in w.running]
+        caps = [min(float(r.max_tokens), output_tokens) if r.max_tokens > 0 else output_tokens for r in w.running]
+        return float(np.mean(prompts)), float(np.mean(caps))
 
     @property
     def n_samples(self) -> int:
-        return len(self._outputs)
+        """Finished requests held (running ones add to a fit, but no estimate rests on them alone)."""
+        return sum(len(w.done) for w in self._replicas.values())
 
     def update_due(self) -> bool:
         """True once ``update_every`` completions arrived and the window is warm."""
         due = self.update_every if self.updates else self.first_update
         return self.pending >= due and self.n_samples >= self.min_samples
 
+    # -- the fit -----------------------------------------------------------
+
+    def sample(self) -> departures.Sample:
+        """The window as arrays.
+
+        Per replica, every request admitted after the one whose completion is the
+        ``window / replicas``-th newest: its finished requests, and its running ones
+        (each standing for its share of the running count). All requests admitted in
+        that range are there, finished or not - which is what makes censoring the
+        running ones unbiased (a window of the newest admissions alone would hold only
+        young running requests once more are running than it is long).
+        """
+        live = [w for w in self._replicas.values() if w.done or w.running]
+        share = max(1, math.ceil(self.window / max(len(live), 1)))
+        dur, natural, capped, caps, weights, running = [], [], [], [], [], []
+        for w in live:
+            seqs = sorted(w.done)
+            lo = seqs[-share] - 1 if len(seqs) >= share else -1
+            for seq, rec in w.done.items():
+                if seq <= lo or rec.finish is FinishReason.ERROR:
+                    continue
+                cap = rec.max_tokens or (rec.output_len if rec.finish is FinishReason.LENGTH else 0)
+                dur.append(rec.output_len)
+                natural.append(rec.finish is FinishReason.STOP)
+                capped.append(rec.finish is FinishReason.LENGTH)
+                caps.append(cap)
+                weights.append(1.0)
+                running.append(False)
+            scale = w.running_total / len(w.running) if w.running else 0.0
+            for r in w.running:
+                if r.seq <= lo or r.seq in w.done:
+                    continue
+                at_cap = 0 < r.max_tokens <= r.age
+                dur.append(max(r.age, 0))
+                natural.append(False)
+                capped.append(at_cap)
+                caps.append(r.max_tokens)
+                weights.append(scale)
+                running.append(not at_cap)
+        return departures.Sample.of(dur, natural, capped, caps, weights, running)
+
     def update(self) -> Estimate | None:
-        """Fit the windows now; ``None`` while fewer than ``min_samples`` are held."""
-        if self.n_samples < self.min_samples:
+        """Fit the window now; ``None`` while fewer than ``min_samples`` finished requests are held."""
+        if self.n_samples < self.min_samples or not self._inputs:
             return None
-        lengths = np.fromiter(self._outputs, dtype=np.int64, count=len(self._outputs))
-        censored = np.fromiter(self._censored, dtype=bool, count=len(self._censored))
-        p0, eta, t_lo, t_hi, method = fit_hazard(lengths, censored, min_at_risk=self.min_at_risk)
+        sample = self.sample()
+        fit = departures.fit(sample)
+        prompt = float(np.mean(self._inputs))
+        computed = prompt - float(np.mean(self._cached))
+        if fit.model == "linear-hazard" and fit.gof <= GOF_LIMIT and fit.capped_share <= CAPPED_LIMIT:
+            p0, eta, method = fit.p0, fit.eta, "mle: linear hazard"
+        else:
+            p0, eta, method = min(1.0, 1.0 / fit.mean), 0.0, f"mle: {fit.model}; theta from the departure rate 1/mu_o"
         self.estimate = Estimate(
             p0=p0,
             eta=eta,
-            mu_l=float(np.mean(np.fromiter(self._inputs, dtype=float))),
-            mu_o=float(lengths.mean()),
-            n_samples=int(lengths.size),
-            n_censored=int(censored.sum()),
-            t_lo=t_lo,
-            t_hi=t_hi,
+            mu_l=max(computed, 1.0),
+            mu_o=fit.mean,
+            n_samples=sample.size,
+            n_censored=int(np.count_nonzero(~sample.natural)),
             method=method,
             timestamp=self._clock(),
-            mu_o_sq=float(np.mean(np.square(lengths, dtype=float))),
+            mu_o_sq=fit.second,
+            model=fit.model,
+            gof=fit.gof,
+            t0=fit.t0,
+            natural_p0=fit.p0,
+            natural_eta=fit.eta,
+            capped_share=fit.capped_share,
+            n_running=round(float(sample.weights[sample.running].sum())),
+            mu_l_prompt=prompt,
         )
+        if self.first is None:
+            self.first = self.estimate
         self.pending = 0
         self.updates += 1
         return self.estimate
 
+    # -- persistence -------------------------------------------------------
+
     def state(self) -> EstimatorState:
-        """A snapshot for persistence (see :meth:`restore`)."""
+        """A snapshot for persistence (see :meth:`restore`): each replica's window, nothing older."""
+        replicas = {}
+        for rid, w in self._replicas.items():
+            seqs = sorted(w.done)
+            lo = seqs[-self.window] - 1 if len(seqs) >= self.window else -1
+            replicas[rid] = ReplicaWindow(
+                done={seq: rec for seq, rec in w.done.items() if seq > lo},
+                running=[r for r in w.running if r.seq > lo],
+                running_total=w.running_total,
+                next_seq=w.next_seq,
+            )
         return EstimatorState(
-            outputs=list(self._outputs),
-            censored=list(self._censored),
+            replicas=replicas,
             inputs=list(self._inputs),
+            cached=list(self._cached),
             completions=self.completions,
             pending=self.pending,
             updates=self.updates,
             estimate=self.estimate,
+            first=self.first,
         )
 
     def restore(self, state: EstimatorState) -> None:
         """Load a snapshot made by :meth:`state` (windows keep their own sizes)."""
-        self._outputs.clear()
-        self._censored.clear()
+        self._replicas = dict(state.replicas)
         self._inputs.clear()
-        self._outputs.extend(state.outputs)
-        self._censored.extend(state.censored)
         self._inputs.extend(state.inputs)
+        self._cached.clear()
+        self._cached.extend(state.cached)
         self.completions = state.completions
         self.pending = state.pending
         self.updates = state.updates
         self.estimate = state.estimate
+        self.first = state.first

@@ -49,7 +49,7 @@ from ebplus.controller.messages import (
 from ebplus.controller.overrides import FLEET, OverrideError, Overrides, Target
 from ebplus.controller.planner import Plan, ThresholdPlanner
 from ebplus.controller.stats import STEP_SECONDS_BUCKETS, UPDATE_SECONDS_BUCKETS, Histogram
-from ebplus.controller.telemetry import CleanBatch, check_completion, check_step, clean_batch, valid
+from ebplus.controller.telemetry import CleanBatch, check_completion, check_running, check_step, clean_batch, valid
 
 logger = logging.getLogger("ebplus.controller")
 
@@ -188,6 +188,7 @@ class FleetController:
         replica = self.replicas.pop(replica_id, None)
         if replica is None:
             return False
+        self.workload.forget(replica_id)
         self.saved.pop(replica_id, None)
         self.saved[replica_id] = persistence.saved_replica(replica)
         while len(self.saved) > MAX_SAVED_REPLICAS:
@@ -237,7 +238,10 @@ class FleetController:
         completions = valid(self._fresh(replica, "next_completion", clean.completions, clean.completions_from),
                             check_completion, self.rejected)  # fmt: skip
         steps = valid(self._fresh(replica, "next_step", clean.steps, clean.steps_from), check_step, self.rejected)
-        self._ingest_completions(completions)
+        self._ingest_completions(replica.replica_id, completions)
+        if clean.running is not None:
+            running = valid(clean.running, check_running, self.rejected)
+            self.workload.observe_running(replica.replica_id, running, clean.running_total)
         replica.completed_since_plan += len(completions)
         self._ingest_steps(replica, steps)
         self._after_ingest(replica, clean)
@@ -285,30 +289,37 @@ class FleetController:
         return not (last.n_obs / ratio <= c <= last.n_obs * ratio)
 
     def _cold_switch(self, replica: ReplicaState) -> bool:
-        """Before the first estimate, an ``auto`` replica may leave MB for EB on its prior alone
-        (:meth:`ThresholdPlanner.cold_choice`); True when it just did."""
-        if self.workload.estimate is not None or replica.mode is not Mode.AUTO or replica.concurrency is None:
+        """Before the first estimate: cap N for the KV the first cohort will need
+        (:meth:`ThresholdPlanner.cold_cap`), and let an ``auto`` replica leave MB for EB on its
+        prior alone (:meth:`ThresholdPlanner.cold_choice`). True when either changed something."""
+        if self.workload.estimate is not None:
             return False
+        capped = None
+        guess = self.workload.cold_guess(replica.replica_id, self.config.planner.cold_output_tokens)
+        if guess is not None:
+            capped = replica.planner.cold_cap(replica.facts.kv_capacity_tokens, *guess)
+            if capped is not None:
+                logger.info("replica %s: cold N cap %d (prompts %.0f, outputs reserved %.0f)", replica.replica_id, capped, *guess)
+        if replica.mode is not Mode.AUTO or replica.concurrency is None:
+            return capped is not None
         reason = replica.planner.cold_choice(
             replica.cost_model, replica.facts.kv_capacity_tokens, replica.concurrency
         )
         if reason is not None:
             logger.info("replica %s: %s", replica.replica_id, reason)
-        return reason is not None
+        return reason is not None or capped is not None
 
-    def _ingest_completions(self, records: list[CompletionRecord]) -> None:
+    def _ingest_completions(self, replica_id: str, records: list[CompletionRecord]) -> None:
         for rec in records:
             self.received["completions"] += 1
             if rec.finish is FinishReason.ERROR or rec.output_len < 1:
                 self.received["aborted"] += 1  # says nothing about the natural length
                 continue
-            # Capped and aborted requests are right-censored: they decoded this many
-            # tokens and would have gone on. (vLLM reports a stop-string match as an
-            # abort too; censoring is the conservative reading of it.)
-            censored = rec.finish in (FinishReason.LENGTH, FinishReason.ABORT)
+            # An abort censors the natural length; a cap is a departure known at admission (the
+            # departure model, ebplus.controller.departures, treats each as what it is).
             if rec.finish is FinishReason.ABORT:
                 self.received["aborted"] += 1
-            self.workload.observe(rec.input_len, rec.output_len, censored=censored)
+            self.workload.observe(rec, replica_id)
 
     def _ingest_steps(self, replica: ReplicaState, records: list[StepRecord]) -> None:
         alpha = self.config.concurrency_ema

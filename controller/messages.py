@@ -78,10 +78,38 @@ class FinishReason(StrEnum):
     ERROR = "error"
 
 
+class Message(msgspec.Struct):
+    """Base of every message: a msgspec Struct that pydantic models can also hold (views, persisted state).
+
+    Pydantic validates one from its wire form (or an instance) with ``msgspec.convert``
+    and serialises it with ``msgspec.to_builtins`` - the same shape as on the wire.
+    """
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        def validate(value: Any) -> Any:
+            if isinstance(value, cls):
+                return value
+            try:
+                return msgspec.convert(value, cls, dec_hook=_dec_hook)
+            except msgspec.ValidationError as exc:
+                raise ValueError(str(exc)) from None
+
+        return core_schema.no_info_plain_validator_function(
+            validate,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda v: msgspec.to_builtins(v, enc_hook=_enc_hook)
+            ),
+            json_schema_input_schema=core_schema.any_schema(),
+        )
+
+
 # --------------------------------------------------------------------------- controller -> replica
 
 
-class ThresholdUpdate(msgspec.Struct, frozen=True):
+class ThresholdUpdate(Message, frozen=True):
     """What the controller tells a replica, and what the replica reports as applied.
 
     ``mode`` is the configured mode; ``active`` the policy actually run (``MB`` or
@@ -129,7 +157,7 @@ class ThresholdUpdate(msgspec.Struct, frozen=True):
 # --------------------------------------------------------------------------- scheduler -> replica -> controller
 
 
-class CompletionRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
+class CompletionRecord(Message, frozen=True, array_like=True, gc=False):
     """One request that left the engine.
 
     ``seq`` is the request's admission order on its replica (-1: unknown), so the
@@ -148,7 +176,7 @@ class CompletionRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
     cached_tokens: int = 0
 
 
-class StepRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
+class StepRecord(Message, frozen=True, array_like=True, gc=False):
     """One engine step: what it computed, how long it took, the queue around it.
 
     ``running``/``waiting`` are right after the step was scheduled. ``kv_tokens``
@@ -169,7 +197,7 @@ class StepRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
         return StepKind.of(self.prefill_tokens, self.decode_tokens)
 
 
-class RunningRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):
+class RunningRequest(Message, frozen=True, array_like=True, gc=False):
     """A request still decoding when telemetry was sent: what the departure model needs of it.
 
     ``age`` is the output tokens it has produced so far: its natural length is
@@ -184,7 +212,7 @@ class RunningRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):
     cached_tokens: int = 0
 
 
-class EngineFacts(msgspec.Struct, frozen=True):
+class EngineFacts(Message, frozen=True):
     """What an engine is: fixed at start-up."""
 
     kv_capacity_tokens: int
@@ -193,7 +221,7 @@ class EngineFacts(msgspec.Struct, frozen=True):
     block_size: int = 16
 
 
-class EngineStats(msgspec.Struct, frozen=True, omit_defaults=True):
+class EngineStats(Message, frozen=True, omit_defaults=True):
     """Cumulative engine counters (never reset: exporters take deltas)."""
 
     steps_prefill: int = 0
@@ -220,7 +248,7 @@ class EngineStats(msgspec.Struct, frozen=True, omit_defaults=True):
         return None
 
 
-class DrainReport(msgspec.Struct, frozen=True, kw_only=True):
+class DrainReport(Message, frozen=True, kw_only=True):
     """What the scheduler hands its replica at each drain (``ebplus_drain``).
 
     ``running`` is a bounded sample of the running requests (``running_total`` in
@@ -240,7 +268,7 @@ class DrainReport(msgspec.Struct, frozen=True, kw_only=True):
     applied: ThresholdUpdate
 
 
-class Registration(msgspec.Struct, frozen=True, kw_only=True):
+class Registration(Message, frozen=True, kw_only=True):
     """A replica introducing itself to the controller (first push, or after a controller restart)."""
 
     wire: int = WIRE_VERSION
@@ -250,7 +278,7 @@ class Registration(msgspec.Struct, frozen=True, kw_only=True):
     prior: CostModel
 
 
-class TelemetryBatch(msgspec.Struct, frozen=True, kw_only=True):
+class TelemetryBatch(Message, frozen=True, kw_only=True):
     """What a replica pushes to the controller, periodically.
 
     ``applied_version`` is the threshold version the replica's scheduler runs, so

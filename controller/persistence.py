@@ -5,8 +5,10 @@ resumes from the last :class:`ControllerState` without a cold start: its
 windows, every replica's planner state and fitted costs, overrides and history.
 
 Schema versions. :data:`SCHEMA_VERSION` is written into every state. A state
-without one is version 0 (what controllers wrote before versions existed): its
-layout is version 1's, so it is read as such. A state from a *newer* schema is
+without one is version 0 (what controllers wrote before versions existed); it is
+migrated: its window of recent completions (output lengths, censored flags,
+prompt lengths) becomes one replica's admission window (a capped request ended at
+its cap), its estimate loses the fields the estimator no longer has. A state from a *newer* schema is
 refused with :class:`StateError` naming both versions (the caller logs it and
 starts cold) rather than half-read - a rollback after an upgrade must never
 crash-loop the controller. Bump the version when a field changes meaning or
@@ -108,11 +110,38 @@ def _migrate(raw: dict[str, Any]) -> dict[str, Any]:
         raise StateError(f"schema_version {found!r} is not a version number")
     if found > SCHEMA_VERSION:
         raise StateError(f"state has schema version {found}, newer than this controller's {SCHEMA_VERSION}")
-    steps: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: lambda s: s}
+    steps: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _from_v0}
     while found < SCHEMA_VERSION:
         raw = steps[found](raw)
         found += 1
     return {**raw, "schema_version": SCHEMA_VERSION}
+
+
+_V0_ESTIMATE_DROPPED = ("t_lo", "t_hi")
+
+
+def _v0_estimate(est: Any) -> Any:
+    if not isinstance(est, dict):
+        return est
+    return {k: v for k, v in est.items() if k not in _V0_ESTIMATE_DROPPED}
+
+
+def _from_v0(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 0 -> 1: the completion-ordered window becomes an admission window; estimates drop two fields."""
+    workload = dict(raw.get("workload") or {})
+    if "outputs" in workload:
+        outputs, censored = workload.pop("outputs"), workload.pop("censored", [])
+        inputs = workload.get("inputs", [])
+        done = {
+            i: [inputs[i] if i < len(inputs) else 1, out, "length" if cens else "stop", i, out if cens else 0, 0]
+            for i, (out, cens) in enumerate(zip(outputs, censored, strict=False))
+        }
+        workload["replicas"] = {"restored": {"done": done, "running": [], "running_total": 0, "next_seq": len(done)}}
+        workload["cached"] = [0] * len(inputs)
+    workload["estimate"] = _v0_estimate(workload.get("estimate"))
+    history = [{**d, "estimate": _v0_estimate(d.get("estimate"))} if isinstance(d, dict) else d
+               for d in raw.get("history", [])]  # fmt: skip
+    return {**raw, "workload": workload, "history": history}
 
 
 def parse(raw: Any) -> ControllerState:

@@ -53,6 +53,7 @@ class Plan(Thresholds):
     crossover: theory.Crossover | None
     reason: str
     kv_scale: float = 1.0  # fraction of the KV capacity N* was sized for (preemption feedback)
+    sizing: str = ""  # where k and N came from (reason is the EB/MB decision's)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class PlannerState:
     kv_scale: float = 1.0
     n_obs_at_switch: float | None = None
     context: float | None = None  # the decode context the last plan was made for (n_settle)
+    cold_capped: bool = False  # the cold N cap was computed (see ThresholdPlanner.cold_cap)
 
 
 class ThresholdPlanner:
@@ -114,14 +116,36 @@ class ThresholdPlanner:
         settled = st.context is None or abs(context / st.context - 1.0) <= cfg.n_settle
         # the closed forms have no KV term: price it at this workload's mean decode context
         cost = cost.folded(context)
-        kv_tokens = kv_capacity_tokens * st.kv_scale
-        th = self._thresholds(estimate, cost, kv_tokens, n_obs, st.n_cap, st.theta, may_grow=settled)
+        # prefix-cache hits are blocks shared with other requests, held once, not per slot
+        shared = max(0.0, estimate.mu_l_prompt - estimate.mu_l)
+        kv_tokens = max(1.0, kv_capacity_tokens * st.kv_scale - shared)
+        n_prev = st.n_cap
+        th = self._thresholds(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled)
         active, switched, xo, reason = self._choose_mode(estimate, cost, th.k, th.n_eb, th.n_obs)
         st.theta, st.n_cap, st.plans, st.context = th.theta, th.n_cap, st.plans + 1, context
+        sizing = self._explain(estimate, th, kv_tokens, n_prev, settled)
         self.last = Plan(
-            **vars(th), active=active, switched=switched, crossover=xo, reason=reason, kv_scale=st.kv_scale
-        )
+            **vars(th), active=active, switched=switched, crossover=xo, reason=reason, kv_scale=st.kv_scale,
+            sizing=sizing,
+        )  # fmt: skip
         return self.last
+
+    def _explain(self, estimate: Estimate, th: Thresholds, kv_tokens: float, n_prev: int | None, settled: bool) -> str:
+        """Where k and N come from, in one line (the admin API's ``reason`` starts with it)."""
+        cfg = self.config
+        n_star = th.n_star_clt if cfg.n_star_method == "clt" else th.n_star_paper
+        if th.n_cap == n_star:
+            how = f"N* ({cfg.n_star_method})"
+        elif n_star >= cfg.max_num_seqs and th.n_cap == cfg.max_num_seqs:
+            how = "max_num_seqs"
+        else:
+            how = f"growing toward N* {n_star} (x{cfg.n_growth:g} per plan)" if settled else f"held: estimate moving (N* {n_star})"
+        return (
+            f"k {th.k} = theta {th.theta:.3f} x N {th.n_eb} (theta* {th.theta_star:.3f} from p0 {estimate.p0:.3g}, "
+            f"eta {estimate.eta:.2g}: {estimate.method}); N {th.n_cap} = {how} for {kv_tokens:.0f} KV tokens, "
+            f"{estimate.mu_l:.0f} prompt + {estimate.mean_age:.0f} mean-age tokens a slot (mu_o {estimate.mu_o:.0f}, "
+            f"{estimate.model})"
+        )
 
     def _thresholds(
         self,
@@ -164,6 +188,27 @@ class ThresholdPlanner:
         n_eb = max(2, min(n_cap, math.ceil(n_obs_f)))
         k = min(theory.k_star(theta, n_eb), n_eb - 1)
         return Thresholds(ts.theta0, ts.delta_theta, ts.theta_star, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k)
+
+    def cold_cap(self, kv_capacity_tokens: float, mu_l: float, mu_o: float) -> int | None:
+        """Before the first estimate: cap N at the N* of a cold guess of the workload, once.
+
+        ``mu_l`` is what the replica's running requests' prompts measure, ``mu_o`` the
+        output the KV is reserved for (``cold_output_tokens``, or smaller caps). Returns
+        the new cap if it lowered N, else ``None``.
+        """
+        cfg, st = self.config, self.state
+        if self.last is not None or st.cold_capped:
+            return None
+        st.cold_capped = True
+        guess = Estimate.geometric(max(mu_l, 1.0), max(mu_o, 1.0), method="cold guess")
+        t0 = theory.theta0(guess.p0, 1.0, 1.0)  # the CLT form's spread depends on theta0 only weakly
+        p_age = min(1.0, 1.0 / max(guess.mean_age, 1.0))
+        n_star = theory.n_star_clt(kv_capacity_tokens * st.kv_scale, cfg.eps, p_age, guess.mu_l, t0, cfg.max_num_seqs)
+        current = st.n_cap or cfg.max_num_seqs
+        if n_star >= current:
+            return None
+        st.n_cap = max(2, n_star)
+        return st.n_cap
 
     def cold_choice(self, cost: CostModel, kv_capacity_tokens: float, n_obs: float) -> str | None:
         """Before the first estimate: switch MB -> EB if the prior prefers EB whatever the workload.

@@ -66,7 +66,7 @@ class ReplicaView(ThresholdsView):
     kv_capacity_tokens: int
     max_num_seqs: int
     crossover: Crossover | None = Field(description="Both sides of the EB/MB rule at the last plan.")
-    reason: str | None = Field(description="Why the last EB/MB decision came out as it did.")
+    reason: str | None = Field(description="Where k and N came from, and why the EB/MB decision came out as it did.")
     cost_model: CostModel = Field(description="The cost model the last plan used.")
     cost_fitted: list[str] = Field(description="Which parts of the cost model came from this replica's steps.")
     mode_switches: int = Field(description="Changes of the active policy published to this replica.")
@@ -86,6 +86,7 @@ class FleetSnapshot(_View):
     version: int
     updates: int
     estimate: Estimate | None
+    first_estimate: Estimate | None = Field(None, description="The estimate of the first update (cold start).")
     completions: int
     received: dict[str, int]
     rejected: dict[str, int]
@@ -129,7 +130,7 @@ def replica_view(fleet: FleetController, replica: ReplicaState) -> ReplicaView:
         kv_capacity_tokens=replica.facts.kv_capacity_tokens,
         max_num_seqs=replica.facts.max_num_seqs,
         crossover=None if plan is None else plan.crossover,
-        reason=None if plan is None else plan.reason,
+        reason=None if plan is None else "; ".join(part for part in (plan.sizing, plan.reason) if part),
         cost_model=replica.cost_model,
         cost_fitted=[] if replica.cost is None else list(replica.cost.fitted),
         mode_switches=replica.mode_switches,
@@ -146,6 +147,7 @@ def snapshot(fleet: FleetController) -> FleetSnapshot:
         version=fleet.version,
         updates=fleet.updates,
         estimate=fleet.workload.estimate,
+        first_estimate=fleet.workload.first,
         completions=fleet.workload.completions,
         received=dict(fleet.received),
         rejected=dict(fleet.rejected),

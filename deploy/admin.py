@@ -118,11 +118,13 @@ class ThresholdsResponse(BaseModel):
 
 class FleetEstimate(BaseModel):
     estimate: Estimate | None = Field(description="The latest workload estimate; null before the first.")
+    first_estimate: Estimate | None = Field(description="The estimate of the first update, to compare with.")
     updates: int = Field(description="Re-estimations so far.")
     completions: int = Field(description="Completions observed so far.")
 
 
 class ReplicaCost(BaseModel):
+    theta_star: float | None = Field(description="theta* its last plan came to from the estimate (null: none yet).")
     cost_model: Any = Field(description="The cost model its last plan used.")
     cost_fitted: list[str] = Field(description="Which parts came from its own steps.")
     concurrency: float | None
@@ -179,9 +181,12 @@ async def thresholds(service: Reader) -> ThresholdsResponse:
 async def estimates(service: Reader) -> EstimatesResponse:
     """The fleet's workload estimate and each replica's cost model."""
     snap = await service.call(lambda c: c.snapshot())
-    fleet = FleetEstimate(estimate=snap.estimate, updates=snap.updates, completions=snap.completions)
+    fleet = FleetEstimate(
+        estimate=snap.estimate, first_estimate=snap.first_estimate, updates=snap.updates, completions=snap.completions
+    )
     replicas = {
         rid: ReplicaCost(
+            theta_star=r.theta_star,
             cost_model=r.cost_model,
             cost_fitted=r.cost_fitted,
             concurrency=r.concurrency,

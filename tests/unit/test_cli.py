@@ -80,7 +80,8 @@ def test_estimate_plain_integers(tmp_path: Path, capsys) -> None:
     code, out, _ = run(["estimate", "--lengths", str(path), "--json"], capsys)
     data = json.loads(out)
     assert code == 0
-    assert tuple(data) == ("p0", "eta", "mu_o", "mu_l", "theta0", "n_samples")
+    assert tuple(data) == ("p0", "eta", "mu_o", "mu_l", "theta0", "n_samples", "model", "gof", "method")
+    assert data["model"] == "linear-hazard" and data["gof"] < 0.05
     assert data["n_samples"] == 20_000 and data["mu_l"] is None
     assert data["p0"] == pytest.approx(0.004, rel=0.1) and data["eta"] == pytest.approx(1e-5, rel=0.1)
 

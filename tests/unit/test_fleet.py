@@ -115,8 +115,10 @@ def test_aborted_and_capped_requests(fleet: FleetController) -> None:
     )
     fleet.ingest(batch("h200-0", recs))
     assert fleet.received["aborted"] == 3
-    assert fleet.workload.n_samples == 3
-    assert fleet.workload.state().censored == [True, False, True]
+    assert fleet.workload.n_samples == 3  # an error, and an abort before any token, say nothing of lengths
+    window = fleet.workload.sample()
+    assert list(window.natural) == [False, True, False]  # the cap and the abort censor the natural length
+    assert list(window.capped) == [True, False, False]  # the cap is a departure; the abort is not
 
 
 def test_applied_version_and_drops_tracked(fleet: FleetController) -> None:

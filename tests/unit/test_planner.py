@@ -27,9 +27,7 @@ def estimate(p0: float = 1 / 256, eta: float = 0.0, mu_l: float = 512.0) -> Esti
         mu_o=1 / p0,
         n_samples=500,
         n_censored=0,
-        t_lo=1,
-        t_hi=700,
-        method="wls",
+        method="mle: linear hazard",
         timestamp=0.0,
     )
 

@@ -31,7 +31,7 @@ KV = CostModel(
 
 def estimate(p0: float = 1 / 256, mu_l: float = 512.0, mu_o: float | None = None, mu_o_sq: float = 0.0) -> Estimate:
     mu_o = 1 / p0 if mu_o is None else mu_o
-    return Estimate(p0, 0.0, mu_l, mu_o, 500, 0, 1, 700, "wls", 0.0, mu_o_sq)
+    return Estimate(p0, 0.0, mu_l, mu_o, 500, 0, "mle: linear hazard", 0.0, mu_o_sq)
 
 
 def decode_phase_steps(rng: np.random.Generator, cycles: int = 40) -> list[tuple[int, int, float]]:
@@ -98,12 +98,14 @@ def test_folded_cost_prices_kv_at_the_mean_context() -> None:
 
 def test_mean_age_is_the_equilibrium_age() -> None:
     rng = np.random.default_rng(3)
-    geo = WorkloadEstimator(window=20_000, update_every=1, min_samples=1)
-    geo.observe_many(np.full(20_000, 100), dist.geometric(rng, 256, 20_000))
-    assert geo.update().mean_age == pytest.approx(256, rel=0.05)  # = 1/p0: the paper's N* input
-    uni = WorkloadEstimator(window=20_000, update_every=1, min_samples=1)
-    uni.observe_many(np.full(20_000, 100), dist.uniform_jitter(rng, 256, 0.5, 20_000))
-    e = uni.update()
+    def estimated(outputs: np.ndarray) -> Estimate:
+        est = WorkloadEstimator(window=outputs.size, update_every=1, min_samples=1)
+        for seq, out in enumerate(outputs.tolist()):
+            est.observe(CompletionRecord(100, out, FinishReason.STOP, seq=seq))
+        return est.update()
+
+    assert estimated(dist.geometric(rng, 256, 20_000)).mean_age == pytest.approx(256, rel=0.05)  # = 1/p0
+    e = estimated(dist.uniform_jitter(rng, 256, 0.5, 20_000))
     assert e.mean_age == pytest.approx(256 * (1 + 0.25 / 3) / 2, rel=0.03)  # E[O^2]/(2E[O])
     assert e.decode_context == pytest.approx(100 + e.mean_age)
     assert estimate(mu_o_sq=0.0).mean_age == pytest.approx(256)  # unknown: fall back to 1/p0

@@ -10,6 +10,7 @@ import pytest
 
 from ebplus.bench import workloads as wl
 from ebplus.bench.sim import SimResult
+from ebplus.bench.sim_result import ESTIMATE_KEYS
 from ebplus.cli import main
 from ebplus.controller.cost_model import ProfileError, load_profile, profile_names, resolve_profile
 
@@ -116,7 +117,10 @@ def test_simulate_json_contract(capsys) -> None:
             "--requests", "300", "--json"]  # fmt: skip
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
-    assert tuple(data) == SimResult.JSON_KEYS
+    assert tuple(data) == (*SimResult.JSON_KEYS, "estimate", "first_estimate")  # an online policy's estimates
+    for key in ("estimate", "first_estimate"):
+        assert tuple(data[key]) == ESTIMATE_KEYS
+        assert 200 < data[key]["mu_o"] < 500 and data[key]["theta_star"] > 0  # paper: mean output 256
     assert data["policy"] == "eb+" and data["requests"] == 300
     assert isinstance(data["preemptions"], int) and isinstance(data["n_final"], int)
     assert data["req_per_s"] == pytest.approx(300 / data["sim_seconds"])

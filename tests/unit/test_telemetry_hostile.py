@@ -244,3 +244,25 @@ def drained(records: list[CompletionRecord]):
 
     facts = EngineFacts(kv_capacity_tokens=100_000, max_num_seqs=64)
     return DrainReport(completions=records, facts=facts, applied=ThresholdUpdate(mode=Mode.AUTO, k=1, n=64))
+
+
+def test_running_reports_are_validated_like_the_rest() -> None:
+    """Bad running-request entries are rejected and counted by reason; the good ones reach the estimator."""
+    from ebplus.controller.messages import RunningRequest
+
+    fc = make_fleet()
+    good = [RunningRequest(seq=i, input_len=50, age=10 + i, max_tokens=200) for i in range(5)]
+    bad = [
+        RunningRequest(seq=-1, input_len=50, age=3),  # a running request always has its admission number
+        RunningRequest(seq=7, input_len=0, age=3),
+        RunningRequest(seq=8, input_len=50, age=-2),
+        RunningRequest(seq=9, input_len=50, age=float("nan")),  # type: ignore[arg-type]
+        RunningRequest(seq=10, input_len=50, age=3, max_tokens=10**12),
+        "not a request",
+    ]
+    fc.ingest(batch("r0", running=good + bad, running_total=40))  # type: ignore[arg-type]
+    assert fc.rejected == {"negative": 2, "out_of_range": 1, "not_finite": 1, "absurd_value": 1, "bad_type": 1}
+    window = fc.workload.sample()
+    assert window.size == 5 and window.weights.sum() == pytest.approx(40)
+    fc.ingest(batch("r0", running_total=-5))  # a count that is not one
+    assert fc.rejected["bad_batch"] == 1
