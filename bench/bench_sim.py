@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ebplus.bench import cold_start
+from ebplus.bench import cold_start, model_check
 from ebplus.bench.outputs import raw_path
 from ebplus.bench.sim import Policy, SimConfig, SimResult, simulate
 from ebplus.bench.workloads import build_requests, load_source
@@ -463,6 +463,10 @@ def plot_timelines(results: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _first_paragraph(module: object) -> str:
+    return str(module.__doc__).split("\n\n")[1].replace("\n", " ")
+
+
 def main(args: argparse.Namespace) -> int:
     profiles = args.profiles.split(",") if args.profiles else profile_names()
     for name in profiles:
@@ -485,9 +489,12 @@ def main(args: argparse.Namespace) -> int:
         + (f" --seeds {args.seeds}" if args.seeds else "")
     )
     text = markdown(results, summary, fluid, speed, command, seeds)
-    if not args.quick:  # how the estimate tracks the truth from a cold start (ebplus.bench.cold_start)
-        text += "\n" + "\n".join(["## Cold start", "", cold_start.__doc__.split("\n\n")[1].replace("\n", " "), "",
-                                    *cold_start.markdown(cold_start.rows())]) + "\n"  # fmt: skip
+    if not args.quick:  # the closed forms against the simulator, and the estimate from a cold start
+        for title, module, lines in (
+            ("Closed forms vs simulator", model_check, model_check.markdown(model_check.rows(profiles, workers=workers))),
+            ("Cold start", cold_start, cold_start.markdown(cold_start.rows())),
+        ):
+            text += "\n" + "\n".join([f"## {title}", "", _first_paragraph(module), "", *lines]) + "\n"
     (out_dir / "bench_sim.md").write_text(text)
     payload = {"results": results, "summary": summary, "fluid": fluid, "speed": speed, "command": command,
                "settings": [asdict(s) for s in SETTINGS], "seeds": list(seeds), "tuning_seeds": list(tuning)}  # fmt: skip

@@ -231,7 +231,9 @@ class Simulator:
         self._per_step: np.ndarray | None = None
         self._kv_read = 0
         self.timeline: list[tuple[float, int, int, str]] = []
-        self.facts = EngineFacts(kv_capacity_tokens=self.cap, max_num_seqs=config.n, device=profile.name)
+        self.facts = EngineFacts(
+            kv_capacity_tokens=self.cap, max_num_seqs=config.n, device=profile.name, max_num_batched_tokens=config.budget
+        )
         self.machine = PhaseMachine(self._initial_thresholds())
         self._note_thresholds()
         self._pump: TelemetryPump | None = None

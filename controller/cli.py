@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--alpha-mb", type=float, default=None, help="mixed step fixed cost (default: alpha-p)")
     p.add_argument("--mu-o", type=float, default=None, help="mean output length for throughputs (default: 1/p0)")
+    p.add_argument(
+        "--budget", type=float, default=None, help="tokens per step (max_num_batched_tokens; default: unbounded)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_theory)
 
@@ -104,7 +107,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     coeffs = args.beta_mb or (args.beta_p, args.beta_d - args.beta_p, 0.0)
     n_args = (args.kv_capacity, args.eps, args.p0, args.mu_l, ts.theta0, max_num_seqs)
     xo = theory.crossover(
-        k, n, args.alpha_p, args.alpha_d, args.beta_p, args.beta_d, coeffs, args.mu_l, mu_o, args.alpha_mb
+        k, n, args.alpha_p, args.alpha_d, args.beta_p, args.beta_d, coeffs, args.mu_l, mu_o, args.alpha_mb, args.budget
     )
     return {
         "theta0": ts.theta0,
@@ -135,8 +138,8 @@ def run_theory(args: argparse.Namespace) -> int:
     print(f"TP_EB         {result['tp_eb']:.4f} req/s")
     print(f"TP_MB         {result['tp_mb']:.4f} req/s")
     print(
-        f"winner        {result['winner']}   (beta_MB^e - beta_EB^w = {xo.lhs:.4g} vs fixed-cost "
-        f"saving {xo.rhs:.4g} s/token; margin {xo.margin:.4g})"
+        f"winner        {result['winner']}   (EB {xo.t_eb:.4g} vs MB {xo.t_mb:.4g} s/token; margin {xo.margin:.4g}; "
+        f"{xo.mb_mixed_share:.0%} of MB's steps carry prompt tokens)"
     )
     return 0
 

@@ -34,6 +34,9 @@ class PlannerConfig(BaseModel):
         ),
     )
     max_num_seqs: int = Field(256, ge=2, description="Upper bound for N: the engine's start-up max_num_seqs.")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="The engine's token budget per step (chunks prefills); set from the replica's report."
+    )
     theta_cold: float = Field(
         0.10,
         gt=0,

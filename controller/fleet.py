@@ -140,7 +140,9 @@ class FleetController:
         rid = registration.replica_id
         old = self.replicas.get(rid)
         saved = self.saved.pop(rid, None)
-        planner_cfg = self.config.planner.model_copy(update={"max_num_seqs": facts.max_num_seqs})
+        planner_cfg = self.config.planner.model_copy(
+            update={"max_num_seqs": facts.max_num_seqs, "max_num_batched_tokens": facts.max_num_batched_tokens or None}
+        )
         planner = ThresholdPlanner(planner_cfg)
         prior = registration.prior
         if old is not None:

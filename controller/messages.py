@@ -219,6 +219,7 @@ class EngineFacts(Message, frozen=True):
     max_num_seqs: int
     device: str = ""
     block_size: int = 16
+    max_num_batched_tokens: int = 0  # the token budget per step (0: not reported)
 
 
 class EngineStats(Message, frozen=True, omit_defaults=True):

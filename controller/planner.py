@@ -266,8 +266,7 @@ class ThresholdPlanner:
         st.active, st.since_switch, st.n_obs_at_switch = target, 0, n_obs
         return target, True, xo, f"switch to {target.value}: margin {xo.margin:.3g} s/token"
 
-    @staticmethod
-    def _crossover(estimate: Estimate, cost: CostModel, k: int, n_eb: int) -> theory.Crossover:
+    def _crossover(self, estimate: Estimate, cost: CostModel, k: int, n_eb: int) -> theory.Crossover:
         return theory.crossover(
             k,
             n_eb,
@@ -279,11 +278,12 @@ class ThresholdPlanner:
             estimate.mu_l,
             estimate.mu_o,
             alpha_mb=cost.alpha_mixed,
+            budget=self.config.max_num_batched_tokens,
         )
 
     def _band(self, xo: theory.Crossover, estimate: Estimate, active: Mode) -> float:
         """Hysteresis margin (s/token): ``delta`` plus ``delta_rel`` of the running mode's per-token time."""
-        per_token = 1.0 / ((xo.tp_eb if active is Mode.EB else xo.tp_mb) * (estimate.mu_l + estimate.mu_o))
+        per_token = xo.t_eb if active is Mode.EB else xo.t_mb
         return self.config.delta + self.config.delta_rel * per_token
 
     def update_for(self, mode: Mode, version: int) -> ThresholdUpdate:

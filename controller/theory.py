@@ -290,6 +290,11 @@ def beta_mb_min(coeffs: Sequence[float]) -> tuple[float, float]:
     return min(((r, beta_mb(r, coeffs)) for r in candidates), key=lambda rv: rv[1])
 
 
+def _prefill_steps(tokens: float, budget: float | None) -> int:
+    """Steps a prefill phase of ``tokens`` prompt tokens takes under a per-step token budget."""
+    return 1 if budget is None or tokens <= budget else math.ceil(tokens / budget)
+
+
 def tp_eb(
     k: int,
     n: int,
@@ -299,47 +304,120 @@ def tp_eb(
     beta_d: float,
     mu_l: float,
     mu_o: float,
+    budget: float | None = None,
 ) -> float:
-    """EB(k) throughput in requests/s (fluid limit, seed §3.2.1)."""
+    """EB(k) throughput in requests/s (fluid limit, seed §3.2.1).
+
+    A cycle is one prefill phase admitting ``k`` requests - ``ceil(k mu_L / budget)``
+    prefill steps when the step token budget chunks it - and the decode steps until
+    ``k`` of the ``n`` slots free: ``-mu_d ln(1 - k/n)`` for memoryless departures,
+    the same as Little's law ``k mu_d / (n - k/2)`` to second order in ``k/n`` for
+    any length distribution. ``mu_d = mu_O - 1`` decode steps a request: its first
+    token comes with its prefill step (vLLM, and the simulator). Without ``budget``
+    (and with ``mu_O`` for ``mu_d``) this is the paper's formula.
+    """
     n = int_at_least("n", n, 2)
     k = int_at_least("k", k, 1)
     if k >= n:
         raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
     alpha_p = _positive("alpha_p", alpha_p)
     alpha_d = _positive("alpha_d", alpha_d)
-    bw = beta_eb_weighted(beta_p, beta_d, mu_l, mu_o)
-    per_request = (alpha_p - alpha_d * mu_o * math.log1p(-k / n)) / k + bw * (mu_l + mu_o)
+    beta_p = _non_negative("beta_p", beta_p)
+    beta_d = _non_negative("beta_d", beta_d)
+    mu_l = _positive("mu_l", mu_l)
+    mu_o = _positive("mu_o", mu_o)
+    mu_d = mu_o if budget is None else max(mu_o - 1.0, 1e-9)
+    steps = _prefill_steps(k * mu_l, budget)
+    per_request = (steps * alpha_p - alpha_d * mu_d * math.log1p(-k / n)) / k + beta_p * mu_l + beta_d * mu_d
     return 1.0 / per_request
 
 
-def tp_mb(n: int, alpha_mb: float, beta_mb_e: float, mu_l: float, mu_o: float) -> float:
-    """MB steady-state throughput in requests/s with ``n`` concurrent requests."""
+@dataclass(frozen=True)
+class MixedSteps:
+    """How MB's steps divide at a given concurrency (see :func:`tp_mb`)."""
+
+    tp: float  # requests/s
+    share: float  # fraction of steps that carry prompt tokens (mixed steps)
+    r: float  # decode share of a mixed step's tokens
+
+
+def mb_steps(
+    n: int,
+    alpha_mb: float,
+    beta_mb_coeffs: Sequence[float],
+    alpha_d: float,
+    beta_d: float,
+    mu_l: float,
+    mu_o: float,
+    budget: float | None = None,
+) -> MixedSteps:
+    """MB's steady state with ``n`` running requests, priced with the mix of step kinds it runs.
+
+    A request holds its slot for ``s_p`` prefill steps (its prompt chunked into what the
+    decodes leave of the budget) and ``mu_O - 1`` decode steps, so ``X = n / (s_p + mu_O - 1)``
+    requests start and finish per step. Every step decodes ``D = X (mu_O - 1)`` tokens; a
+    step carries prompt tokens only while some admission is prefilling: a share
+    ``f = 1 - exp(-X s_p)`` of the steps (Poisson admissions). Those are mixed steps
+    (``alpha_mb + beta_mb(r) (D + X mu_L / f)``); the rest are decode-only
+    (``alpha_d + beta_d D``). When ``n < 1 + mu_O`` most steps admit nothing: pricing every
+    step as mixed (the paper's steady state, the ``f -> 1`` limit) overstated MB by up to
+    3x at low concurrency (H200, paper workload, c = 8..128).
+    """
     n = int_at_least("n", n, 1)
     alpha_mb = _positive("alpha_mb", alpha_mb)
-    beta_mb_e = _non_negative("beta_mb_e", beta_mb_e)
+    alpha_d = _positive("alpha_d", alpha_d)
+    beta_d = _non_negative("beta_d", beta_d)
     mu_l = _positive("mu_l", mu_l)
     mu_o = _positive("mu_o", mu_o)
-    return 1.0 / (alpha_mb * (1.0 + mu_o) / n + beta_mb_e * (mu_l + mu_o))
+    decode_steps = max(mu_o - 1.0, 0.0)
+    s_p = 1.0
+    for _ in range(8):  # the prefill's share of the budget depends on the decodes, which depend on s_p
+        x = n / (s_p + decode_steps)
+        room = (budget or math.inf) - x * decode_steps
+        s_p = max(1.0, mu_l / room) if room > 1.0 else max(1.0, mu_l)
+    x = n / (s_p + decode_steps)
+    decodes, prompts = x * decode_steps, x * mu_l
+    share = -math.expm1(-x * s_p)
+    mixed_tokens = decodes + prompts / share
+    r = decodes / mixed_tokens
+    b = beta_mb(r, beta_mb_coeffs)
+    if b < 0:
+        raise ValueError(f"beta_mb(r={r:.3f}) must be >= 0, got {b:g}")
+    step = share * (alpha_mb + b * mixed_tokens) + (1.0 - share) * (alpha_d + beta_d * decodes)
+    return MixedSteps(tp=x / step, share=share, r=r)
+
+
+def tp_mb(
+    n: int,
+    alpha_mb: float,
+    beta_mb_coeffs: Sequence[float],
+    alpha_d: float,
+    beta_d: float,
+    mu_l: float,
+    mu_o: float,
+    budget: float | None = None,
+) -> float:
+    """MB throughput in requests/s with ``n`` running requests (see :func:`mb_steps`)."""
+    return mb_steps(n, alpha_mb, beta_mb_coeffs, alpha_d, beta_d, mu_l, mu_o, budget).tp
 
 
 @dataclass(frozen=True)
 class Crossover:
-    """Both sides of the EB-vs-MB rule, so every decision can be explained.
+    """Both modes' predicted cost, so every decision can be explained.
 
-    MB wins iff ``lhs < rhs`` where ``lhs = beta_MB^e - beta_EB^w`` (extra per-token
-    cost of mixing) and ``rhs`` is the per-token saving in fixed costs MB gets
-    from not switching phases. ``margin = rhs - lhs`` (s/token): positive favours MB.
+    ``t_eb``, ``t_mb``: predicted seconds per token (prompt + output) of each mode;
+    ``margin = t_eb - t_mb`` (s/token): positive favours MB. ``mb_mixed_share`` is the
+    share of MB's steps that carry prompt tokens, ``mb_r`` their decode share.
     """
 
-    lhs: float
-    rhs: float
+    t_eb: float
+    t_mb: float
     margin: float
     winner: Winner
     tp_eb: float
     tp_mb: float
-    beta_mb_e: float
-    beta_eb_w: float
-    r_star: float
+    mb_mixed_share: float
+    mb_r: float
 
 
 def crossover(
@@ -353,34 +431,26 @@ def crossover(
     mu_l: float,
     mu_o: float,
     alpha_mb: float | None = None,
+    budget: float | None = None,
 ) -> Crossover:
-    """Evaluate the EB-vs-MB crossover at threshold ``k`` and concurrency ``n``.
+    """Compare EB(k) with MB at ``n`` running requests.
 
-    ``alpha_mb`` defaults to ``alpha_p`` (the authors' choice when unknown). The
-    EB side uses ``ln(1 - k/n)`` for the ``k`` actually applied, which equals the
-    DESIGN's ``ln(1 - theta0)`` when ``k = k0*``.
+    ``alpha_mb`` defaults to ``alpha_p`` (the authors' choice when unknown). Both modes
+    are priced by their own steps: EB by :func:`tp_eb`, MB by the step mix of
+    :func:`mb_steps`.
     """
     alpha_mb = alpha_p if alpha_mb is None else alpha_mb
-    te = tp_eb(k, n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o)
-    r_star = mu_o / (mu_l + mu_o)
-    b_mb = beta_mb(r_star, beta_mb_coeffs)
-    if b_mb < 0:
-        raise ValueError(f"beta_mb(r*={r_star:.3f}) must be >= 0, got {b_mb:g}")
-    tm = tp_mb(n, alpha_mb, b_mb, mu_l, mu_o)
-    b_eb = beta_eb_weighted(beta_p, beta_d, mu_l, mu_o)
-    lhs = b_mb - b_eb
-    fixed_eb = (alpha_p - alpha_d * mu_o * math.log1p(-k / n)) / k
-    fixed_mb = alpha_mb * (1.0 + mu_o) / n
-    rhs = (fixed_eb - fixed_mb) / (mu_l + mu_o)
-    winner = Winner.MB if lhs < rhs else Winner.EB
+    te = tp_eb(k, n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o, budget)
+    mb = mb_steps(n, alpha_mb, beta_mb_coeffs, alpha_d, beta_d, mu_l, mu_o, budget)
+    tokens = mu_l + mu_o
+    t_eb, t_mb = 1.0 / (te * tokens), 1.0 / (mb.tp * tokens)
     return Crossover(
-        lhs=lhs,
-        rhs=rhs,
-        margin=rhs - lhs,
-        winner=winner,
+        t_eb=t_eb,
+        t_mb=t_mb,
+        margin=t_eb - t_mb,
+        winner=Winner.MB if t_mb < t_eb else Winner.EB,
         tp_eb=te,
-        tp_mb=tm,
-        beta_mb_e=b_mb,
-        beta_eb_w=b_eb,
-        r_star=r_star,
+        tp_mb=mb.tp,
+        mb_mixed_share=mb.share,
+        mb_r=mb.r,
     )

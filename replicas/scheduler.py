@@ -105,6 +105,7 @@ class EBPlusScheduler(Scheduler):
             max_num_seqs=self.max_num_seqs,
             device=_device_name(),
             block_size=int(self.block_size),
+            max_num_batched_tokens=int(self.max_num_scheduled_tokens),
         )
         self._next_seq = 0
         self._seq: dict[str, int] = {}  # request id -> arrival order at this engine

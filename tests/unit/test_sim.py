@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ebplus.bench.sim import Policy, SimConfig, simulate
-from ebplus.bench.workloads import LengthSpec, PhaseSpec, Schedule, Workload, build_requests
+from ebplus.bench.workloads import LengthSpec, PhaseSpec, Schedule, Workload, build_requests, load_source
 from ebplus.controller import theory
-from ebplus.controller.cost_model import HardwareProfile
+from ebplus.controller.cost_model import HardwareProfile, resolve_profile
 
 RAW_H200 = dict(alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5)
 BETA_MB = (2.494e-5, 5.193e-5, 1.478e-5)
@@ -185,6 +185,26 @@ def test_fluid_limit_geometric_eb_k0_matches_theory(n: int) -> None:
     res = simulate(prof, reqs, SimConfig(policy=Policy.EB, k=k, n=n, budget=1 << 22))
     expected = theory.tp_eb(k, n, prof.alpha_p, prof.alpha_d, prof.beta_p, prof.beta_d, mu_l, mu_o)
     assert res.steady_req_per_s() == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.parametrize("workload_name", ["paper", "decode-heavy"])
+@pytest.mark.parametrize("concurrency", [32, 128, 512, 2048])
+def test_step_mix_closed_forms_match_the_simulator(workload_name: str, concurrency: int) -> None:
+    """TP_MB priced with MB's mix of step kinds, and TP_EB with the budget's prefill chunks, within 5%
+    of simulated MB and EB(k0*) at c = 32..2048 (closed loop, KV read cost folded at the mean context)."""
+    prof = resolve_profile("h200").model_copy(update={"kv_capacity_tokens": 10**9})
+    src = load_source(workload_name)
+    mu_l, mu_o = src.input.expected_mean(), src.output.expected_mean()
+    reqs = build_requests(src, seed=0, requests=max(1500, 8 * concurrency), concurrency=concurrency)
+    # uniform +-50% outputs: E[O^2] = mu_o^2 (1 + 0.5^2/3)
+    cost = prof.cost_model().folded(mu_l + mu_o * (1 + 0.25 / 3) / 2)
+    mb = simulate(prof, reqs, SimConfig(policy=Policy.MB, n=4096, budget=8192)).steady_req_per_s()
+    closed_mb = theory.tp_mb(concurrency, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d, mu_l, mu_o, 8192)
+    assert closed_mb == pytest.approx(mb, rel=0.05)
+    k = max(1, theory.k_star(theory.theta0(1 / mu_o, cost.alpha_p, cost.alpha_d), concurrency))
+    eb = simulate(prof, reqs, SimConfig(policy=Policy.EB, k=k, n=4096, budget=8192)).steady_req_per_s()
+    closed_eb = theory.tp_eb(k, concurrency, cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o, 8192)
+    assert closed_eb == pytest.approx(eb, rel=0.05)
 
 
 def test_online_limits_n_to_avoid_preemption() -> None:

@@ -179,8 +179,18 @@ def test_tp_eb_rejects_k_at_or_above_n() -> None:
 
 
 def test_tp_mb_grows_with_concurrency() -> None:
-    values = [theory.tp_mb(n, 1e-3, 3e-5, 512, 256) for n in (8, 64, 512, 4096)]
+    values = [theory.tp_mb(n, 1e-3, (3e-5, 0, 0), 9e-3, 5e-5, 512, 256) for n in (8, 64, 512, 4096)]
     assert all(a < b for a, b in itertools.pairwise(values))
+
+
+def test_mb_steps_are_mostly_decode_only_at_low_concurrency() -> None:
+    """With fewer running requests than a request lives steps, most MB steps admit nothing."""
+    args = (H200["alpha_p"], (2.494e-5, 5.193e-5, 1.478e-5), H200["alpha_d"], H200["beta_d"], 512, 256)
+    low, high = theory.mb_steps(32, *args, budget=8192), theory.mb_steps(4096, *args, budget=8192)
+    assert low.share == pytest.approx(1 - math.exp(-32 / 256), rel=1e-3) and high.share > 0.99
+    # the paper's steady state (every step mixed) is the limit of a busy engine
+    paper = 1 / (H200["alpha_p"] * 257 / 4096 + theory.beta_mb(256 / 768, args[1]) * 768)
+    assert high.tp == pytest.approx(paper, rel=0.02)
 
 
 def test_beta_eb_weighted() -> None:
@@ -194,7 +204,7 @@ def test_crossover_sides_are_consistent_with_throughputs() -> None:
     for n in (32, 512, 2048):
         k = theory.k_star(theory.theta0(1 / 256, H200["alpha_p"], H200["alpha_d"]), n)
         xo = theory.crossover(k, n, H200["alpha_p"], H200["alpha_d"], H200["beta_p"], H200["beta_d"], coeffs, 512, 256)
-        assert xo.margin == pytest.approx(xo.rhs - xo.lhs)
+        assert xo.margin == pytest.approx(1 / (768 * xo.tp_eb) - 1 / (768 * xo.tp_mb))
         # MB wins exactly when it has the higher modelled throughput
         assert (xo.winner is theory.Winner.MB) == (xo.tp_mb > xo.tp_eb)
 
