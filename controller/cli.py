@@ -183,8 +183,12 @@ def read_lengths(path: Path) -> list[CompletionRecord]:
             try:
                 finish = FinishReason(rec.get("finish", "length" if flag else "stop"))
             except ValueError:
-                raise ValueError(f"{where}: field 'finish' must be stop, length or abort, got {rec['finish']!r}") from None
-            cap = as_length(rec.get("max_tokens", out if finish is FinishReason.LENGTH else 0), f"{where}: field 'max_tokens'", 0)
+                raise ValueError(
+                    f"{where}: field 'finish' must be stop, length or abort, got {rec['finish']!r}"
+                ) from None
+            cap = as_length(
+                rec.get("max_tokens", out if finish is FinishReason.LENGTH else 0), f"{where}: field 'max_tokens'", 0
+            )
             inp = as_length(rec.get("input_len", 1), f"{where}: field 'input_len'", 1)
             records.append(CompletionRecord(inp, out, finish, seq=len(records), max_tokens=cap))
         else:
@@ -227,7 +231,9 @@ def run_estimate(args: argparse.Namespace) -> int:
     print(f"mu_O      {e.mu_o:.2f}   tokens")
     print(f"mu_L      {e.mu_l:.2f}   tokens" if has_inputs else "mu_L      n/a (no input lengths in file)")
     print(f"theta0    {result['theta0']:.6f}   (alpha_p = {args.alpha_p:g} s, alpha_d = {args.alpha_d:g} s)")
-    print(f"model     {e.model} (natural hazard p0 = {e.natural_p0:.4g}, eta = {e.natural_eta:.3g} after "
-          f"t0 = {e.t0}); goodness of fit {e.gof:.3f} (KS distance to Kaplan-Meier)")
+    print(
+        f"model     {e.model} (natural hazard p0 = {e.natural_p0:.4g}, eta = {e.natural_eta:.3g} after "
+        f"t0 = {e.t0}); goodness of fit {e.gof:.3f} (KS distance to Kaplan-Meier)"
+    )
     print(f"theta     {e.method}")
     return 0

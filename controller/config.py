@@ -16,6 +16,46 @@ from ebplus.controller import theory
 TokenMean = Annotated[float, Field(ge=1, le=1e7)]  # a mean length in tokens (mu_L, mu_O)
 
 
+class LoopConfig(BaseModel):
+    """The closed loop of the EB/MB choice: each mode's predicted time corrected by what it measured.
+
+    See ``ebplus.controller.evidence``: per mode, the replica's recent steps are priced
+    by the cost model and compared with their measured seconds; the ratio (the mode's
+    bias) scales that mode's predicted seconds per token before the two are compared.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="Correct each mode's prediction by its measured bias (false: open loop).")
+    window_steps: int = Field(4096, ge=16, description="Steps of each mode kept per replica as its evidence.")
+    min_steps: int = Field(32, ge=8, description="Steps a mode needs before its bias counts.")
+    min_phases: int = Field(
+        4, ge=0, description="Prefill phases EB's evidence needs too (costs paid once a phase, in proportion)."
+    )
+    explore_below: float = Field(
+        0.15,
+        ge=0,
+        lt=1,
+        description=(
+            "Run the other mode for min_steps steps to measure it when it has no evidence at this load and the "
+            "running mode is predicted faster by less than this fraction (the model's confidence is low). "
+            "0 never explores."
+        ),
+    )
+    explore_reset: float = Field(
+        4.0,
+        gt=1,
+        description=(
+            "Evidence measured at a mean batch or workload mean lengths off by more than this factor counts as "
+            "stale: it is still used, but the mode may be explored again."
+        ),
+    )
+    explore_spacing: int = Field(10, ge=1, description="Plans between the end of one exploration and the next.")
+    explore_max_plans: int = Field(
+        10, ge=1, description="An exploration ends after this many plans even if it measured fewer than min_steps."
+    )
+
+
 class PlannerConfig(BaseModel):
     """Tuning of the online EB+ decision (defaults follow the seed authors unless noted)."""
 
@@ -149,6 +189,8 @@ class PlannerConfig(BaseModel):
     delta_max_factor: float = Field(
         theory.DELTA_THETA_MAX_FACTOR, ge=0, description="Delta theta is clamped to [0, factor * theta0]."
     )
+
+    loop: LoopConfig = Field(default_factory=LoopConfig, description="The closed loop of the EB/MB choice.")
 
     @model_validator(mode="after")
     def _theta_bounds(self) -> PlannerConfig:

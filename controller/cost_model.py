@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -90,6 +91,18 @@ class CostModel(BaseModel):
         if n_prefill_tokens == 0:
             return self.alpha_d + self.beta_d * n_decode_tokens + kv
         return self.alpha_mixed + self.beta_mixed(n_decode_tokens / n) * n + kv
+
+    def steps_seconds(self, prefill: np.ndarray, decode: np.ndarray, kv: np.ndarray) -> np.ndarray:
+        """:meth:`step_seconds` of many steps at once (arrays of equal length; empty steps cost 0)."""
+        prefill, decode, kv = (np.asarray(x, dtype=float) for x in (prefill, decode, kv))
+        n = prefill + decode
+        r = np.divide(decode, n, out=np.zeros_like(n), where=n > 0)
+        a, b, c = self.beta_mb
+        mixed = self.alpha_mixed + (a + b * r + c * r * r) * n + self.beta_kv * kv
+        only_decode = self.alpha_d + self.beta_d * decode + self.beta_kv * kv
+        only_prefill = self.alpha_p + self.beta_p * prefill
+        out = np.where(decode == 0, only_prefill, np.where(prefill == 0, only_decode, mixed))
+        return np.where(n > 0, out, 0.0)
 
 
 class HardwareProfile(CostModel):

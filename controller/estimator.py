@@ -172,7 +172,9 @@ class WorkloadEstimator:
         self.window = window
         self.update_every = update_every
         self.min_samples = min_samples
-        self.first_update = update_every if first_update is None else theory.int_at_least("first_update", first_update, 1)
+        self.first_update = (
+            update_every if first_update is None else theory.int_at_least("first_update", first_update, 1)
+        )
         self._clock = clock
         self._replicas: dict[str, ReplicaWindow] = {}
         self._inputs: deque[int] = deque(maxlen=input_window or window)

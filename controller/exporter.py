@@ -45,7 +45,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ebplus_theta", "gauge", R, "Smoothed theta the threshold is computed from."),
     MetricSpec("ebplus_mode_info", "gauge", (*R, "mode"), "1 for the replica's configured mode (mb|eb|v0|auto)."),
     MetricSpec("ebplus_policy_eb", "gauge", R, "1 while the replica runs exclusive batching, 0 for mixed."),
-    MetricSpec("ebplus_crossover_margin", "gauge", R, "EB/MB crossover margin (s/token); > 0 favours MB."),
+    MetricSpec("ebplus_policy_planned_eb", "gauge", R, "1 while EB+ chooses EB (auto, shadow: what it would run)."),
+    MetricSpec("ebplus_crossover_margin", "gauge", R, "EB/MB margin (s/token) after measured biases; > 0 favours MB."),
+    MetricSpec("ebplus_mode_predicted_seconds_per_token", "gauge", (*R, "mode"), "The model's s/token for a mode at the last plan."),
+    MetricSpec("ebplus_mode_bias", "gauge", (*R, "mode"), "Measured / model time of a mode's recent steps on the replica (absent: not measured)."),
+    MetricSpec("ebplus_mode_measured_tokens_per_second", "gauge", (*R, "mode"), "Tokens/s over a mode's recent steps on the replica."),
+    MetricSpec("ebplus_explorations_total", "counter", R, "Times EB+ ran the other mode to measure it."),
     MetricSpec("ebplus_threshold_version", "gauge", R, "Version of the thresholds the controller publishes."),
     MetricSpec("ebplus_applied_version", "gauge", R, "Version of the thresholds the replica reports applied."),
     MetricSpec("ebplus_mode_switches_total", "counter", R, "Changes of the active policy (EB<->MB)."),
@@ -120,7 +125,16 @@ def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
         put("ebplus_theta", lab, r.theta)
         put("ebplus_mode_info", [*lab, r.mode.value], 1)
         put("ebplus_policy_eb", lab, 1 if r.active is Mode.EB else 0)
-        put("ebplus_crossover_margin", lab, None if r.crossover is None else r.crossover.margin)
+        put("ebplus_policy_planned_eb", lab, None if r.planned is None else float(r.planned is Mode.EB))
+        j = r.judgement
+        put("ebplus_crossover_margin", lab, None if j is None else j.margin)
+        for check in () if j is None else (j.eb, j.mb):
+            mode_lab = [*lab, check.mode.value]
+            put("ebplus_mode_predicted_seconds_per_token", mode_lab, check.predicted)
+            if check.measured is not None:
+                put("ebplus_mode_bias", mode_lab, check.bias)
+                put("ebplus_mode_measured_tokens_per_second", mode_lab, check.measured.tokens_per_s)
+        put("ebplus_explorations_total", lab, r.explorations)
         put("ebplus_threshold_version", lab, r.version)
         put("ebplus_applied_version", lab, r.applied_version)
         put("ebplus_mode_switches_total", lab, r.mode_switches)

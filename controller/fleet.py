@@ -30,10 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ebplus.controller import persistence, views
-from ebplus.controller.config import ControllerConfig
+from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_fit import CostFit, CostModelFitter
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import Estimate, WorkloadEstimator
+from ebplus.controller.evidence import ModeEvidence
 from ebplus.controller.messages import (
     CompletionRecord,
     EngineFacts,
@@ -84,6 +85,8 @@ class ReplicaState:
     next_completion: int = -1  # running index of the next completion record expected (-1: unknown)
     next_step: int = -1  # same for step records
     step_seconds: dict[StepKind, Histogram] = field(default_factory=dict)
+    evidence: ModeEvidence = field(default_factory=ModeEvidence)  # steps per mode (the closed loop)
+    active_since: int = 0  # the version from which the replica was told to run current.active
 
     @property
     def cost_model(self) -> CostModel:
@@ -164,10 +167,11 @@ class FleetController:
             current=planner.update_for(registration.mode, self.version),
             last_seen=self.clock(),
             ordinal=old.ordinal if old else self._registrations,
+            evidence=old.evidence if old else self._evidence(planner_cfg),
         )
         if old is not None:
             for name in ("cost", "concurrency", "mode_switches", "engine_stats", "step_seconds", "next_completion",
-                         "next_step", "dropped_completions", "dropped_steps", "applied_version"):  # fmt: skip
+                         "next_step", "dropped_completions", "dropped_steps", "applied_version", "active_since"):  # fmt: skip
                 setattr(state, name, getattr(old, name))
         elif saved is not None:
             state.concurrency, state.mode_switches = saved.concurrency, saved.mode_switches
@@ -177,6 +181,10 @@ class FleetController:
         self.replicas[rid] = state
         state.current = self._effective(state)
         return state.current
+
+    @staticmethod
+    def _evidence(cfg: PlannerConfig) -> ModeEvidence:
+        return ModeEvidence(cfg.loop.window_steps, cfg.loop.min_steps, cfg.loop.min_phases)
 
     def forget(self, replica_id: str) -> bool:
         """Drop a replica (dead or scaled down); its overrides go with it.
@@ -231,6 +239,7 @@ class FleetController:
                 self.rejected["unknown_replica"] += 1
             return None
         replica.last_seen = self.clock()
+        running_mode = self._running_mode(replica)  # what the batch's steps ran: known from the previous push
         if clean.applied_version is not None:
             replica.applied_version = clean.applied_version
         replica.dropped_completions += clean.dropped_completions
@@ -246,14 +255,30 @@ class FleetController:
             self.workload.observe_running(replica.replica_id, running, clean.running_total)
         replica.completed_since_plan += len(completions)
         self._ingest_steps(replica, steps)
+        if running_mode is not None and steps:
+            est = self.workload.estimate
+            lengths = None if est is None else (est.mu_l, est.mu_o)
+            replica.evidence.observe(running_mode, steps, replica.planner.state.plans, lengths)
         self._after_ingest(replica, clean)
         return replica.current
+
+    @staticmethod
+    def _running_mode(replica: ReplicaState) -> Mode | None:
+        """The policy (EB or MB) the replica ran since its previous push, if certain.
+
+        Certain once the replica had reported, by its previous push, a version at or after
+        the one that told it to run ``current.active``: the steps it sends now all ran
+        under it. The push that straddles a switch is not attributed to either mode.
+        """
+        return replica.current.active if replica.applied_version >= replica.active_since else None
 
     def _after_ingest(self, replica: ReplicaState, clean: CleanBatch) -> None:
         if self.workload.update_due():
             self.recompute("periodic")
         elif self._concurrency_moved(replica):
             self.recompute("concurrency")
+        elif self._explored(replica):
+            self.recompute("explored")
         elif self._cold_switch(replica):
             self.recompute("cold")
         self.expire_overrides()
@@ -290,6 +315,13 @@ class FleetController:
         c = max(replica.concurrency, 1.0)
         return not (last.n_obs / ratio <= c <= last.n_obs * ratio)
 
+    @staticmethod
+    def _explored(replica: ReplicaState) -> bool:
+        """An exploration has its sample: decide now rather than at the next periodic update
+        (at low concurrency one update window is hundreds of steps in the slower mode)."""
+        st = replica.planner.state
+        return st.exploring is not None and replica.evidence.enough_since(st.exploring, st.explore_mark)
+
     def _cold_switch(self, replica: ReplicaState) -> bool:
         """Before the first estimate: cap N for the KV the first cohort will need
         (:meth:`ThresholdPlanner.cold_cap`), and let an ``auto`` replica leave MB for EB on its
@@ -301,12 +333,15 @@ class FleetController:
         if guess is not None:
             capped = replica.planner.cold_cap(replica.facts.kv_capacity_tokens, *guess)
             if capped is not None:
-                logger.info("replica %s: cold N cap %d (prompts %.0f, outputs reserved %.0f)", replica.replica_id, capped, *guess)
-        if replica.mode is not Mode.AUTO or replica.concurrency is None:
+                logger.info(
+                    "replica %s: cold N cap %d (prompts %.0f, outputs reserved %.0f)",
+                    replica.replica_id,
+                    capped,
+                    *guess,
+                )
+        if replica.mode not in (Mode.AUTO, Mode.SHADOW) or replica.concurrency is None:
             return capped is not None
-        reason = replica.planner.cold_choice(
-            replica.cost_model, replica.facts.kv_capacity_tokens, replica.concurrency
-        )
+        reason = replica.planner.cold_choice(replica.cost_model, replica.facts.kv_capacity_tokens, replica.concurrency)
         if reason is not None:
             logger.info("replica %s: %s", replica.replica_id, reason)
         return reason is not None or capped is not None
@@ -387,6 +422,8 @@ class FleetController:
             replica.concurrency if replica.concurrency is not None else replica.facts.max_num_seqs,
             preempted=self._new_preemptions(replica),
             completed=self._new_completions(replica),
+            evidence=replica.evidence,
+            explore=replica.current.mode is Mode.AUTO,  # not shadow, a fixed mode, or an operator's pin
         )
 
     def _publish(self, replica: ReplicaState, cause: str, estimate: Estimate | None, plan: Plan | None) -> None:
@@ -394,6 +431,7 @@ class FleetController:
         replica.current = self._effective(replica)
         if replica.current.active is not previous:
             replica.mode_switches += 1
+            replica.active_since = replica.current.version
         replica.updated_at = self.clock()
         self.history.append(
             views.Decision(

@@ -25,7 +25,10 @@ from ebplus.controller import theory
 from ebplus.controller.config import PlannerConfig
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import Estimate
+from ebplus.controller.evidence import Judgement, ModeCheck, ModeEvidence, ModeMeasurement, OperatingPoint
 from ebplus.controller.messages import Mode, ThresholdUpdate
+
+_OTHER = {Mode.EB: Mode.MB, Mode.MB: Mode.EB}
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Plan(Thresholds):
     reason: str
     kv_scale: float = 1.0  # fraction of the KV capacity N* was sized for (preemption feedback)
     sizing: str = ""  # where k and N came from (reason is the EB/MB decision's)
+    judgement: Judgement | None = None  # both modes, predicted and as measured (the closed loop)
 
 
 @dataclass
@@ -69,6 +73,12 @@ class PlannerState:
     n_obs_at_switch: float | None = None
     context: float | None = None  # the decode context the last plan was made for (n_settle)
     cold_capped: bool = False  # the cold N cap was computed (see ThresholdPlanner.cold_cap)
+    exploring: Mode | None = None  # the mode being measured (see LoopConfig), until it has min_steps
+    explore_return: Mode | None = None  # the mode the exploration left
+    explore_started: int = 0  # plans at its start
+    explore_mark: tuple[int, int] = (0, 0)  # the explored mode's evidence when it started (ModeEvidence.mark)
+    explore_ended: int = -(1 << 30)  # plans when the last exploration ended
+    explorations: int = 0
 
 
 class ThresholdPlanner:
@@ -97,6 +107,8 @@ class ThresholdPlanner:
         n_obs: float,
         preempted: int = 0,
         completed: int = 0,
+        evidence: ModeEvidence | None = None,
+        explore: bool = False,
     ) -> Plan:
         """Recompute theta*, N*, k and the EB/MB choice from the newest estimate.
 
@@ -104,6 +116,10 @@ class ThresholdPlanner:
         since the previous plan. More than ``kv_backoff_tolerance`` preemptions per
         completion shrink the capacity N* is sized for (``kv_backoff``, in proportion
         up to ``kv_backoff_full``); other windows restore it.
+
+        ``evidence``: the replica's measured steps per mode; each mode's predicted time is
+        scaled by its measured bias (``config.loop``). ``explore``: the replica runs
+        what it is told (``auto``), so a mode without evidence may be run to measure it.
         """
         cfg, st = self.config, self.state
         if preempted > cfg.kv_backoff_tolerance * completed:
@@ -114,6 +130,8 @@ class ThresholdPlanner:
             st.kv_scale = min(1.0, st.kv_scale * cfg.kv_recover)
         context = estimate.decode_context
         settled = st.context is None or abs(context / st.context - 1.0) <= cfg.n_settle
+        # evidence is priced with the model the steps were timed against: KV term and all
+        measured = evidence.measure_all(cost) if evidence is not None and cfg.loop.enabled else {}
         # the closed forms have no KV term: price it at this workload's mean decode context
         cost = cost.folded(context)
         # prefix-cache hits are blocks shared with other requests, held once, not per slot
@@ -121,12 +139,14 @@ class ThresholdPlanner:
         kv_tokens = max(1.0, kv_capacity_tokens * st.kv_scale - shared)
         n_prev = st.n_cap
         th = self._thresholds(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled)
-        active, switched, xo, reason = self._choose_mode(estimate, cost, th.k, th.n_eb, th.n_obs)
+        active, switched, xo, reason, judgement = self._choose_mode(
+            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled
+        )
         st.theta, st.n_cap, st.plans, st.context = th.theta, th.n_cap, st.plans + 1, context
         sizing = self._explain(estimate, th, kv_tokens, n_prev, settled)
         self.last = Plan(
             **vars(th), active=active, switched=switched, crossover=xo, reason=reason, kv_scale=st.kv_scale,
-            sizing=sizing,
+            sizing=sizing, judgement=judgement,
         )  # fmt: skip
         return self.last
 
@@ -139,7 +159,11 @@ class ThresholdPlanner:
         elif n_star >= cfg.max_num_seqs and th.n_cap == cfg.max_num_seqs:
             how = "max_num_seqs"
         else:
-            how = f"growing toward N* {n_star} (x{cfg.n_growth:g} per plan)" if settled else f"held: estimate moving (N* {n_star})"
+            how = (
+                f"growing toward N* {n_star} (x{cfg.n_growth:g} per plan)"
+                if settled
+                else f"held: estimate moving (N* {n_star})"
+            )
         return (
             f"k {th.k} = theta {th.theta:.3f} x N {th.n_eb} (theta* {th.theta_star:.3f} from p0 {estimate.p0:.3g}, "
             f"eta {estimate.eta:.2g}: {estimate.method}); N {th.n_cap} = {how} for {kv_tokens:.0f} KV tokens, "
@@ -232,39 +256,145 @@ class ThresholdPlanner:
             folded = cost.folded(guess.decode_context)
             th = self._thresholds(guess, folded, kv_capacity_tokens * st.kv_scale, n_obs, None, None)
             xo = self._crossover(guess, folded, th.k, th.n_eb)
-            if xo.margin >= -self._band(xo, guess, Mode.MB):
+            if xo.margin >= -self.config.delta - self.config.delta_rel * xo.t_mb:
                 return None
             margins.append(xo.margin)
         st.active = Mode.EB
         return f"cold: EB wins on all {len(margins)} prior workloads (margins {min(margins):.3g}..{max(margins):.3g} s/token)"
 
     def _choose_mode(
-        self, estimate: Estimate, cost: CostModel, k: int, n_eb: int, n_obs: float
-    ) -> tuple[Mode, bool, theory.Crossover | None, str]:
+        self,
+        estimate: Estimate,
+        cost: CostModel,
+        th: Thresholds,
+        measured: dict[Mode, ModeMeasurement],
+        evidence: ModeEvidence | None,
+        explore: bool,
+    ) -> tuple[Mode, bool, theory.Crossover | None, str, Judgement | None]:
+        """The EB/MB choice: the model's two predictions, each corrected by its mode's measured bias.
+
+        Hysteresis (``delta``, ``delta_rel``, ``sticky_eb``) and a cooldown keep the
+        choice from flapping on noise; an exploration runs the other mode until it has
+        ``loop.min_steps`` steps of evidence, then decides as if it had never left.
+        """
         cfg, st = self.config, self.state
         st.since_switch += 1
-        if n_obs < cfg.min_concurrency:
-            return st.active, False, None, f"hold: concurrency {n_obs:.1f} < {cfg.min_concurrency:g}"
-        xo = self._crossover(estimate, cost, k, n_eb)
+        if th.n_obs < cfg.min_concurrency:
+            if st.exploring is not None:  # nothing to learn at this load: go back
+                st.active, st.exploring, st.explore_ended = st.explore_return or st.active, None, st.plans
+                return (
+                    st.active,
+                    True,
+                    None,
+                    f"explore ended: concurrency {th.n_obs:.1f} < {cfg.min_concurrency:g}",
+                    None,
+                )
+            return st.active, False, None, f"hold: concurrency {th.n_obs:.1f} < {cfg.min_concurrency:g}", None
+        xo = self._crossover(estimate, cost, th.k, th.n_eb)
+        j = self._judge(xo, measured, estimate, th.n_obs)
+        if st.exploring is not None:
+            return self._explore_step(j, xo, evidence, th.n_obs)
         ref = st.n_obs_at_switch
-        moved = ref is not None and not (ref / cfg.cooldown_reset <= n_obs <= ref * cfg.cooldown_reset)
+        moved = ref is not None and not (ref / cfg.cooldown_reset <= th.n_obs <= ref * cfg.cooldown_reset)
         if st.since_switch <= cfg.cooldown and not moved:
-            return st.active, False, xo, f"hold: cooldown ({st.since_switch}/{cfg.cooldown} updates)"
-        band = self._band(xo, estimate, st.active)
-        if st.active is Mode.EB and xo.margin > cfg.sticky_eb * band:
-            target = Mode.MB
-        elif st.active is Mode.MB and xo.margin < -band:
-            target = Mode.EB
-        else:
-            side = "MB" if xo.margin > 0 else "EB"
+            return st.active, False, xo, f"hold: cooldown ({st.since_switch}/{cfg.cooldown} updates)", j
+        target = self._rule(j, st.active)
+        if target is None:
+            if explore and self._should_explore(j):
+                return self._start_exploring(j, xo, evidence)
+            side = "MB" if j.margin > 0 else "EB"
+            why = f"keep {st.active.value}: margin {j.margin:.3g} s/token favours {side} within hysteresis"
+            return st.active, False, xo, why + self._biases(j), j
+        st.active, st.since_switch, st.n_obs_at_switch = target, 0, th.n_obs
+        return target, True, xo, f"switch to {target.value}: margin {j.margin:.3g} s/token" + self._biases(j), j
+
+    def _rule(self, j: Judgement, active: Mode) -> Mode | None:
+        """The other mode if it wins by the hysteresis band, else ``None``."""
+        band = self._band(j, active)
+        if active is Mode.EB and j.margin > self.config.sticky_eb * band:
+            return Mode.MB
+        if active is Mode.MB and j.margin < -band:
+            return Mode.EB
+        return None
+
+    def _judge(
+        self, xo: theory.Crossover, measured: dict[Mode, ModeMeasurement], estimate: Estimate, n_obs: float
+    ) -> Judgement:
+        """Both modes' predictions with their measured biases (1.0 where a mode has no evidence)."""
+        loop = self.config.loop
+        here = measured.get(self.state.active)
+        point = OperatingPoint(here.running if here is not None else n_obs, estimate.mu_l, estimate.mu_o)
+        checks = {}
+        for mode, predicted in ((Mode.EB, xo.t_eb), (Mode.MB, xo.t_mb)):
+            m = measured.get(mode)
+            bias = 1.0 if m is None else m.bias
+            stale = m is not None and not m.point.near(point, loop.explore_reset)
+            checks[mode] = ModeCheck(mode, predicted, bias, predicted * bias, m, stale)
+        return Judgement.of_checks(checks[Mode.EB], checks[Mode.MB], self.state.exploring)
+
+    @staticmethod
+    def _biases(j: Judgement) -> str:
+        parts = [f"{c.mode.value} x{c.bias:.3f}" for c in (j.eb, j.mb) if c.measured is not None]
+        return f" (measured bias {', '.join(parts)})" if parts else ""
+
+    def _should_explore(self, j: Judgement) -> bool:
+        """The other mode has no evidence at this load, and the model's preference for this one is thin."""
+        loop, st = self.config.loop, self.state
+        if loop.explore_below <= 0 or st.plans - st.explore_ended < loop.explore_spacing:
+            return False
+        current, other = j.of(st.active), j.of(_OTHER[st.active])
+        if other.measured is not None and not other.stale:
+            return False
+        return (other.corrected - current.corrected) / current.corrected < loop.explore_below
+
+    def _start_exploring(
+        self, j: Judgement, xo: theory.Crossover, evidence: ModeEvidence | None
+    ) -> tuple[Mode, bool, theory.Crossover | None, str, Judgement | None]:
+        st = self.state
+        other = _OTHER[st.active]
+        gain = (j.of(other).corrected - j.of(st.active).corrected) / j.of(st.active).corrected
+        why = "stale evidence" if j.of(other).measured is not None else "no evidence"
+        st.explore_return, st.exploring, st.active = st.active, other, other
+        st.explore_started, st.explorations = st.plans, st.explorations + 1
+        st.explore_mark = (0, 0) if evidence is None else evidence.mark(other)
+        reason = (
+            f"explore {other.value}: {why} of {other.value} at this load and the model prefers "
+            f"{st.explore_return.value} by only {gain:.1%} (< {self.config.loop.explore_below:.0%})"
+        )
+        return other, True, xo, reason, Judgement.of_checks(j.eb, j.mb, other)
+
+    def _explore_step(
+        self, j: Judgement, xo: theory.Crossover, evidence: ModeEvidence | None, n_obs: float
+    ) -> tuple[Mode, bool, theory.Crossover | None, str, Judgement | None]:
+        """During an exploration: keep measuring, or decide from the mode it left, with no cooldown."""
+        loop, st = self.config.loop, self.state
+        explored = st.exploring
+        assert explored is not None
+        done = evidence is None or evidence.enough_since(explored, st.explore_mark)
+        if not done and st.plans - st.explore_started < loop.explore_max_plans:
+            gained = evidence.mark(explored)[0] - st.explore_mark[0] if evidence is not None else 0
+            reason = f"explore {explored.value}: measuring ({gained}/{loop.min_steps} steps)"
+            return explored, False, xo, reason, Judgement.of_checks(j.eb, j.mb, explored)
+        back = st.explore_return or _OTHER[explored]
+        st.exploring, st.explore_ended = None, st.plans
+        target = self._rule(j, back)
+        if target is explored:  # the measurement confirmed the other mode: a switch like any other
+            st.active, st.since_switch, st.n_obs_at_switch = explored, 0, n_obs
             return (
-                st.active,
+                explored,
                 False,
                 xo,
-                f"keep {st.active.value}: margin {xo.margin:.3g} s/token favours {side} within hysteresis",
+                f"explored {explored.value}, stay: margin {j.margin:.3g} s/token" + self._biases(j),
+                j,
             )
-        st.active, st.since_switch, st.n_obs_at_switch = target, 0, n_obs
-        return target, True, xo, f"switch to {target.value}: margin {xo.margin:.3g} s/token"
+        st.active = back
+        return (
+            back,
+            True,
+            xo,
+            f"explored {explored.value}, back to {back.value}: margin {j.margin:.3g} s/token" + self._biases(j),
+            j,
+        )
 
     def _crossover(self, estimate: Estimate, cost: CostModel, k: int, n_eb: int) -> theory.Crossover:
         return theory.crossover(
@@ -281,10 +411,9 @@ class ThresholdPlanner:
             budget=self.config.max_num_batched_tokens,
         )
 
-    def _band(self, xo: theory.Crossover, estimate: Estimate, active: Mode) -> float:
+    def _band(self, j: Judgement, active: Mode) -> float:
         """Hysteresis margin (s/token): ``delta`` plus ``delta_rel`` of the running mode's per-token time."""
-        per_token = xo.t_eb if active is Mode.EB else xo.t_mb
-        return self.config.delta + self.config.delta_rel * per_token
+        return self.config.delta + self.config.delta_rel * j.of(active).corrected
 
     def update_for(self, mode: Mode, version: int) -> ThresholdUpdate:
         """The message for a replica configured in ``mode`` after the latest plan."""

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import Estimate
+from ebplus.controller.evidence import Judgement
 from ebplus.controller.messages import Mode, StepKind, ThresholdUpdate
 from ebplus.controller.overrides import Override
 from ebplus.controller.planner import Plan
@@ -65,7 +66,22 @@ class ReplicaView(ThresholdsView):
     concurrency: float | None = Field(description="EMA of running + waiting requests.")
     kv_capacity_tokens: int
     max_num_seqs: int
-    crossover: Crossover | None = Field(description="Both sides of the EB/MB rule at the last plan.")
+    planned: Mode | None = Field(
+        None,
+        description=(
+            "The policy EB+ chooses (auto, shadow): in shadow mode the replica keeps running MB and this is "
+            "what it would run."
+        ),
+    )
+    crossover: Crossover | None = Field(description="The model's EB and MB predictions at the last plan.")
+    judgement: Judgement | None = Field(
+        None,
+        description=(
+            "The last EB/MB decision's evidence: per mode the model's s/token, the bias measured on the "
+            "replica's own steps of that mode (measured / model time), and the corrected s/token compared."
+        ),
+    )
+    explorations: int = Field(0, description="Times EB+ ran the other mode to measure it.")
     reason: str | None = Field(description="Where k and N came from, and why the EB/MB decision came out as it did.")
     cost_model: CostModel = Field(description="The cost model the last plan used.")
     cost_fitted: list[str] = Field(description="Which parts of the cost model came from this replica's steps.")
@@ -129,7 +145,10 @@ def replica_view(fleet: FleetController, replica: ReplicaState) -> ReplicaView:
         concurrency=replica.concurrency,
         kv_capacity_tokens=replica.facts.kv_capacity_tokens,
         max_num_seqs=replica.facts.max_num_seqs,
+        planned=replica.planner.state.active if replica.mode in (Mode.AUTO, Mode.SHADOW) else None,
         crossover=None if plan is None else plan.crossover,
+        judgement=None if plan is None else plan.judgement,
+        explorations=replica.planner.state.explorations,
         reason=None if plan is None else "; ".join(part for part in (plan.sizing, plan.reason) if part),
         cost_model=replica.cost_model,
         cost_fitted=[] if replica.cost is None else list(replica.cost.fitted),

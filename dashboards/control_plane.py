@@ -94,11 +94,48 @@ def dashboard() -> Dashboard:
                         unit="ops",
                     ),
                     Panel(
-                        "EB/MB crossover margin",
-                        "The fixed-cost saving of mixing minus its extra per-token cost (s/token, rhs − lhs of the "
-                        "crossover inequality): above 0 favours MB, below 0 favours EB. Switches use hysteresis around 0.",
+                        "EB/MB margin",
+                        "EB's minus MB's seconds per token, each as the model predicts it times the bias measured on "
+                        "the replica's own steps of that mode: above 0 favours MB, below 0 favours EB. Switches use "
+                        "hysteresis around 0.",
                         [Target(f"max by (replica) ({metric('ebplus_crossover_margin')})", by_replica)],
                         unit="s",
+                    ),
+                    Panel(
+                        "Predicted vs measured, per mode",
+                        "The model's seconds per token for EB and MB at the last plan, and each times its measured "
+                        "bias (what the decision compares). Where a mode has no evidence its bias is taken as 1.",
+                        [
+                            Target(
+                                f"max by (replica, mode) ({metric('ebplus_mode_predicted_seconds_per_token')})",
+                                "predicted {{mode}} {{replica}}",
+                            ),
+                            Target(
+                                f"max by (replica, mode) ({metric('ebplus_mode_predicted_seconds_per_token')} * "
+                                f"{metric('ebplus_mode_bias')})",
+                                "measured {{mode}} {{replica}}",
+                            ),
+                        ],
+                        unit="s",
+                    ),
+                    Panel(
+                        "Measured bias per mode",
+                        "Measured over model time of each mode's recent steps on the replica: 1 means the cost model "
+                        "prices the mode right; above 1, the mode is slower than modelled (e.g. a phase-switch cost).",
+                        [Target(f"max by (replica, mode) ({metric('ebplus_mode_bias')})", "{{mode}} {{replica}}")],
+                        decimals=3,
+                    ),
+                    Panel(
+                        "EB+ choice (shadow: what it would run)",
+                        "1 while EB+ chooses EB; in shadow mode the replica keeps running MB. Explorations: runs of "
+                        "the other mode to measure it, in the last hour.",
+                        [
+                            Target(f"max by (replica) ({metric('ebplus_policy_planned_eb')})", "EB chosen {{replica}}"),
+                            Target(
+                                f"max by (replica) (increase({metric('ebplus_explorations_total')}[1h]))",
+                                "explorations {{replica}}",
+                            ),
+                        ],
                     ),
                     Panel(
                         "Observed concurrency",
@@ -175,7 +212,9 @@ def dashboard() -> Dashboard:
                         "and replica re-plans that failed (the replica kept its plan; anything above 0 is a bug: "
                         "see the controller log).",
                         [
-                            Target(f"60 * sum(rate({metric('ebplus_controller_updates_total')}[{RATE}]))", "updates/min"),
+                            Target(
+                                f"60 * sum(rate({metric('ebplus_controller_updates_total')}[{RATE}]))", "updates/min"
+                            ),
                             Target(
                                 f"60 * sum(rate({metric('ebplus_controller_plan_errors_total')}[{RATE}]))",
                                 "failed re-plans/min",
@@ -263,4 +302,3 @@ def dashboard() -> Dashboard:
             ),
         ],
     )
-

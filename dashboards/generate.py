@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"removed {path.relative_to(ROOT)}")
     if stale:
         print(
-            "stale: " + ", ".join(str(p.relative_to(ROOT)) for p in stale) + "; run `python -m ebplus.dashboards.generate`",
+            "stale: "
+            + ", ".join(str(p.relative_to(ROOT)) for p in stale)
+            + "; run `python -m ebplus.dashboards.generate`",
             file=sys.stderr,
         )
         return 1

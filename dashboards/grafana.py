@@ -214,4 +214,3 @@ def build(d: Dashboard) -> dict:
 def render_json(d: Dashboard) -> str:
     """The committed file's text (stable key order and indent, so ``--check`` compares bytes)."""
     return json.dumps(build(d), indent=2, ensure_ascii=False) + "\n"
-

@@ -163,4 +163,3 @@ def dashboard() -> Dashboard:
             ),
         ],
     )
-

@@ -1,0 +1,231 @@
+"""What each mode really delivers on a replica, against what the cost model predicts for it.
+
+The EB/MB choice compares two predictions of the closed forms. Those rest on a
+linear step-cost model fitted with Huber weights, and some real costs never show in
+such a model: a stall when an engine switches between prefill and decode phases
+(paid once a phase, so the robust fit sees it as an outlier and discounts it), a
+mixed-step cost curve that is not quadratic in the decode share. Either can make the
+model prefer the slower mode, and nothing in the open loop would notice.
+
+:class:`ModeEvidence` closes the loop. It keeps, per mode, the steps a replica ran
+while it was known to run that mode (see ``FleetController``: steps are attributed
+only once the replica reports the switch applied, and the batch that straddles a
+switch is dropped). At each plan the steps are priced with the *current* cost model
+and compared with their measured seconds::
+
+    bias(mode) = sum(measured seconds) / sum(model seconds)     over that mode's recent steps
+
+A bias of 1.0 means the model prices that mode's steps right; 1.15 means the mode
+really takes 15% longer than predicted, whatever the cause. The planner multiplies
+each mode's predicted seconds per token by its bias before comparing them. Why
+step-level and not requests/s: the ratio compares the same steps, so it needs no
+"comparable load" (a mode measured at another concurrency still says how far the
+model is off for it), and it is not distorted by where an EB cycle starts or ends
+inside a measuring window (a window holding one more prefill phase than decode
+phases would read as 2x faster in tokens/s).
+
+A mode that has never run on this replica has no evidence; the planner may explore
+it (``PlannerConfig.explore_below``). Evidence measured at another operating point
+(concurrency, or the workload's mean lengths, off by more than ``explore_reset``)
+is still used but counts as stale, so a changed load may be explored again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.messages import Mode, StepRecord
+
+#: Columns of a ledger row: prefill tokens, decode tokens, KV read, seconds, running, starts a prefill phase.
+_COLUMNS = 6
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Where a mode was measured: mean running requests and the workload's mean lengths."""
+
+    running: float
+    mu_l: float
+    mu_o: float
+
+    def near(self, other: OperatingPoint, factor: float) -> bool:
+        """Every coordinate within ``factor`` x of ``other``'s."""
+        return all(
+            a / factor <= b <= a * factor
+            for a, b in ((self.running, other.running), (self.mu_l, other.mu_l), (self.mu_o, other.mu_o))
+            if a > 0 and b > 0
+        )
+
+
+@dataclass(frozen=True)
+class ModeMeasurement:
+    """One mode's recent steps on a replica, measured and as the cost model prices them."""
+
+    mode: Mode
+    steps: int
+    seconds: float  # measured
+    model_seconds: float  # the same steps priced by the current cost model
+    tokens: int  # prefill + decode tokens the steps computed
+    running: float  # time-weighted mean of running requests over the steps
+    plan: int  # the planner's plan count when the last of these steps arrived
+    point: OperatingPoint  # where they were measured (mean lengths 0: before any estimate)
+
+    @property
+    def bias(self) -> float:
+        """Measured over predicted time of these steps: > 1 means the mode is slower than modelled."""
+        return self.seconds / self.model_seconds if self.model_seconds > 0 else 1.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def model_tokens_per_s(self) -> float:
+        return self.tokens / self.model_seconds if self.model_seconds > 0 else 0.0
+
+
+class _Ledger:
+    """A bounded ring of one mode's steps, as a numpy array so pricing them is one vector pass."""
+
+    def __init__(self, capacity: int) -> None:
+        self.rows = np.zeros((capacity, _COLUMNS))
+        self.size = 0
+        self.head = 0
+        self.plan = 0
+        self.total = 0  # steps ever added (the ring keeps the newest)
+        self.phases = 0  # prefill phases ever started
+        self.in_prefill = False
+        self.lengths: list[tuple[float, float]] = []  # (mu_l, mu_o) of the estimates the steps ran under
+
+    def add(self, records: Iterable[StepRecord]) -> int:
+        added = 0
+        cap = self.rows.shape[0]
+        for rec in records:
+            if rec.prefill_tokens + rec.decode_tokens <= 0:
+                continue
+            prefill_only = rec.decode_tokens == 0
+            starts = prefill_only and not self.in_prefill  # a prefill phase starts (EB's cycle; MB has none)
+            self.phases += starts
+            self.in_prefill = prefill_only
+            row = (rec.prefill_tokens, rec.decode_tokens, rec.kv_tokens, rec.seconds, rec.running, starts)
+            self.rows[self.head] = row
+            self.head = (self.head + 1) % cap
+            self.size = min(self.size + 1, cap)
+            added += 1
+        self.total += added
+        return added
+
+    def view(self) -> np.ndarray:
+        return self.rows[: self.size]
+
+
+class ModeEvidence:
+    """Per-mode step ledgers of one replica (see the module docstring).
+
+    Args:
+        window: steps kept per mode; the newest replace the oldest.
+        min_steps: a mode's evidence counts once it holds this many steps...
+        min_phases: ...and, for EB, this many prefill phases: costs paid once a phase
+            (switching) must be in the sample in their true proportion, not by chance.
+    """
+
+    def __init__(self, window: int = 4096, min_steps: int = 32, min_phases: int = 4) -> None:
+        if window < 1 or min_steps < 1 or min_phases < 0:
+            raise ValueError("window and min_steps must be >= 1, min_phases >= 0")
+        self.window = window
+        self.min_steps = min_steps
+        self.min_phases = min_phases
+        self._ledgers: dict[Mode, _Ledger] = {}
+
+    def observe(
+        self, mode: Mode, records: Iterable[StepRecord], plan: int, lengths: tuple[float, float] | None = None
+    ) -> None:
+        """Add steps run in ``mode`` (EB or MB) during the planner's ``plan``-th interval,
+        under a workload estimate of mean lengths ``lengths = (mu_l, mu_o)`` (``None``: none yet)."""
+        if mode not in (Mode.EB, Mode.MB):
+            raise ValueError(f"evidence is kept for eb and mb, not {mode.value}")
+        ledger = self._ledgers.get(mode)
+        if ledger is None:
+            ledger = self._ledgers[mode] = _Ledger(self.window)
+        if ledger.add(records):
+            ledger.plan = plan
+            if lengths is not None:
+                ledger.lengths = [*ledger.lengths[-7:], lengths]
+
+    def mark(self, mode: Mode) -> tuple[int, int]:
+        """Steps and prefill phases of ``mode`` ever observed: pass to :meth:`enough_since`."""
+        ledger = self._ledgers.get(mode)
+        return (0, 0) if ledger is None else (ledger.total, ledger.phases)
+
+    def enough_since(self, mode: Mode, mark: tuple[int, int]) -> bool:
+        """Whether ``mode`` gained a full sample (``min_steps``, and for EB ``min_phases``) since ``mark``."""
+        steps, phases = self.mark(mode)
+        return steps - mark[0] >= self.min_steps and (mode is not Mode.EB or phases - mark[1] >= self.min_phases)
+
+    def _enough(self, mode: Mode, ledger: _Ledger) -> bool:
+        held_phases = int(ledger.view()[:, 5].sum())
+        return ledger.size >= self.min_steps and (mode is not Mode.EB or held_phases >= self.min_phases)
+
+    def measure(self, mode: Mode, cost: CostModel) -> ModeMeasurement | None:
+        """The mode's evidence priced with ``cost``; ``None`` until it holds a full sample."""
+        ledger = self._ledgers.get(mode)
+        if ledger is None or not self._enough(mode, ledger):
+            return None
+        prefill, decode, kv, seconds, running, _ = ledger.view().T
+        model = cost.steps_seconds(prefill, decode, kv)
+        total = float(seconds.sum())
+        mean_running = float(np.average(running, weights=seconds)) if total > 0 else 0.0
+        mu_l, mu_o = np.median(np.asarray(ledger.lengths), axis=0) if ledger.lengths else (0.0, 0.0)
+        point = OperatingPoint(running=mean_running, mu_l=float(mu_l), mu_o=float(mu_o))
+        return ModeMeasurement(
+            mode=mode,
+            steps=ledger.size,
+            seconds=total,
+            model_seconds=float(model.sum()),
+            tokens=int(prefill.sum() + decode.sum()),
+            running=mean_running,
+            plan=ledger.plan,
+            point=point,
+        )
+
+    def measure_all(self, cost: CostModel) -> dict[Mode, ModeMeasurement]:
+        out = {}
+        for mode in (Mode.EB, Mode.MB):
+            m = self.measure(mode, cost)
+            if m is not None and math.isfinite(m.bias):
+                out[mode] = m
+        return out
+
+
+@dataclass(frozen=True)
+class ModeCheck:
+    """One mode in a decision: the model's prediction and what measurement makes of it."""
+
+    mode: Mode
+    predicted: float  # the model's seconds per token at this plan's operating point
+    bias: float  # measured / model time of the mode's recent steps; 1.0 when not measured
+    corrected: float  # predicted x bias: what the decision compares
+    measured: ModeMeasurement | None
+    stale: bool = False  # measured at another operating point (see LoopConfig.explore_reset)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Both modes as the decision saw them: ``margin = eb.corrected - mb.corrected`` (> 0 favours MB)."""
+
+    eb: ModeCheck
+    mb: ModeCheck
+    margin: float
+    exploring: Mode | None = None  # the mode being measured, during an exploration
+
+    @classmethod
+    def of_checks(cls, eb: ModeCheck, mb: ModeCheck, exploring: Mode | None = None) -> Judgement:
+        return cls(eb=eb, mb=mb, margin=eb.corrected - mb.corrected, exploring=exploring)
+
+    def of(self, mode: Mode) -> ModeCheck:
+        return self.eb if mode is Mode.EB else self.mb

@@ -1,0 +1,197 @@
+"""The closed loop of the EB/MB choice: per-mode evidence, its bias, exploration, attribution."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from factories import batch, registration
+
+from ebplus.controller.config import ControllerConfig, LoopConfig, PlannerConfig
+from ebplus.controller.cost_model import CostModel
+from ebplus.controller.estimator import Estimate
+from ebplus.controller.evidence import ModeEvidence, OperatingPoint
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.messages import CompletionRecord, FinishReason, Mode, StepRecord, ThresholdUpdate
+from ebplus.controller.planner import ThresholdPlanner
+
+COST = CostModel(alpha_p=1e-3, beta_p=2.5e-5, alpha_d=6e-3, beta_d=3e-5, beta_mb=(2.5e-5, 1e-5, 5e-6), alpha_mb=1e-3)
+
+
+def eb_steps(cycles: int, scale: float = 1.0, switch_s: float = 0.0, n: int = 600) -> list[StepRecord]:
+    """EB cycles: a prefill step admitting 30 requests, then 20 decode steps; ``switch_s`` added per phase switch."""
+    out = []
+    for _ in range(cycles):
+        out.append(StepRecord(30 * 512, 0, n, 0, scale * COST.step_seconds(30 * 512, 0) + switch_s))
+        for i in range(20):
+            extra = switch_s if i == 0 else 0.0
+            out.append(StepRecord(0, n, n, 0, scale * COST.step_seconds(0, n) + extra))
+    return out
+
+
+def mb_steps(count: int, scale: float = 1.0, n: int = 600, cost: CostModel = COST) -> list[StepRecord]:
+    """MB steps: every fourth carries a prompt chunk."""
+    return [
+        StepRecord(512 if i % 4 == 0 else 0, n, n, 0, scale * cost.step_seconds(512 if i % 4 == 0 else 0, n))
+        for i in range(count)
+    ]
+
+
+def test_bias_is_measured_over_model_time_of_the_same_steps() -> None:
+    ev = ModeEvidence(window=4096, min_steps=32, min_phases=4)
+    ev.observe(Mode.MB, mb_steps(100), plan=1)
+    ev.observe(Mode.EB, eb_steps(10, scale=1.25), plan=1)
+    assert ev.measure(Mode.MB, COST).bias == pytest.approx(1.0)
+    eb = ev.measure(Mode.EB, COST)
+    assert eb.bias == pytest.approx(1.25)
+    assert eb.tokens_per_s == pytest.approx(eb.model_tokens_per_s / 1.25)
+    assert eb.running == pytest.approx(600)
+
+
+def test_a_switch_cost_the_model_lacks_shows_as_eb_bias() -> None:
+    """Paid twice a cycle, outside any step-cost term: only the measured ratio sees it."""
+    ev = ModeEvidence()
+    ev.observe(Mode.EB, eb_steps(20, switch_s=0.01), plan=1)
+    cycle = COST.step_seconds(30 * 512, 0) + 20 * COST.step_seconds(0, 600)
+    assert ev.measure(Mode.EB, COST).bias == pytest.approx((cycle + 0.02) / cycle)
+
+
+def test_evidence_needs_enough_steps_and_for_eb_enough_phases() -> None:
+    ev = ModeEvidence(window=4096, min_steps=32, min_phases=4)
+    ev.observe(Mode.MB, mb_steps(31), plan=1)
+    assert ev.measure(Mode.MB, COST) is None
+    ev.observe(Mode.MB, mb_steps(1), plan=2)
+    assert ev.measure(Mode.MB, COST) is not None
+    ev.observe(Mode.EB, eb_steps(3), plan=2)  # 63 steps but 3 phases
+    assert ev.measure(Mode.EB, COST) is None
+    mark = ev.mark(Mode.EB)
+    ev.observe(Mode.EB, eb_steps(1), plan=3)
+    assert ev.measure(Mode.EB, COST) is not None
+    assert not ev.enough_since(Mode.EB, mark)  # one phase since the mark
+    with pytest.raises(ValueError, match="eb and mb"):
+        ev.observe(Mode.AUTO, mb_steps(1), plan=1)
+
+
+def test_the_ring_keeps_the_newest_steps() -> None:
+    ev = ModeEvidence(window=64, min_steps=32)
+    ev.observe(Mode.MB, mb_steps(64, scale=2.0), plan=1)
+    ev.observe(Mode.MB, mb_steps(64, scale=1.0), plan=2)
+    m = ev.measure(Mode.MB, COST)
+    assert m.steps == 64 and m.bias == pytest.approx(1.0) and m.plan == 2
+
+
+def test_operating_point_nearness() -> None:
+    here = OperatingPoint(500, 512, 256)
+    assert here.near(OperatingPoint(200, 600, 200), 4.0)
+    assert not here.near(OperatingPoint(100, 512, 256), 4.0)
+    assert here.near(OperatingPoint(100, 0, 0), 6.0)  # unknown lengths: compared on load only
+
+
+# -- the planner ---------------------------------------------------------------
+
+
+def estimate() -> Estimate:
+    return Estimate.geometric(512.0, 256.0, method="test")
+
+
+def planner(**loop: object) -> ThresholdPlanner:
+    return ThresholdPlanner(PlannerConfig(max_num_seqs=1024, cooldown=0, loop=LoopConfig(**loop)))
+
+
+def eb_favoured() -> CostModel:
+    """Cheap prefill phases: the model predicts EB well ahead of MB at N = 600."""
+    return COST.model_copy(update={"beta_mb": (4e-5, 1e-5, 5e-6)})
+
+
+def test_measured_eb_bias_overturns_the_models_choice() -> None:
+    """The model prefers EB by ~45%; EB's steps measure 60% slower than it says: MB wins once corrected."""
+    ev = ModeEvidence()
+    ev.observe(Mode.MB, mb_steps(200, cost=eb_favoured()), plan=0)
+    p = planner()
+    first = p.plan(estimate(), eb_favoured(), 10**9, 600, evidence=ev)
+    assert first.active is Mode.EB and first.crossover.winner.value == "EB"
+    ev.observe(Mode.EB, eb_steps(40, scale=1.6), plan=1)
+    after = p.plan(estimate(), eb_favoured(), 10**9, 600, evidence=ev)
+    assert after.active is Mode.MB and after.switched
+    assert after.judgement.eb.bias == pytest.approx(1.6) and after.judgement.mb.bias == pytest.approx(1.0)
+    assert after.judgement.eb.corrected == pytest.approx(after.judgement.eb.predicted * 1.6)
+    assert "measured bias eb x1.600" in after.reason
+    # the open loop keeps trusting the model
+    p_open = planner(enabled=False)
+    p_open.plan(estimate(), eb_favoured(), 10**9, 600, evidence=ev)
+    assert p_open.plan(estimate(), eb_favoured(), 10**9, 600, evidence=ev).active is Mode.EB
+
+
+def test_a_thin_margin_and_no_evidence_explore_the_other_mode_once() -> None:
+    ev = ModeEvidence()
+    ev.observe(Mode.MB, mb_steps(200), plan=0)
+    p = planner(explore_below=0.5)  # the model's preference for MB is thin
+    plan = p.plan(estimate(), COST, 10**9, 600, evidence=ev, explore=True)
+    assert plan.active is Mode.EB and plan.switched and plan.reason.startswith("explore eb: no evidence")
+    assert p.state.explorations == 1 and plan.judgement.exploring is Mode.EB
+    held = p.plan(estimate(), COST, 10**9, 600, evidence=ev, explore=True)
+    assert held.active is Mode.EB and not held.switched and "measuring (0/32 steps)" in held.reason
+    ev.observe(Mode.EB, eb_steps(4), plan=2)  # the sample: EB priced right, so MB (the model's choice) stands
+    back = p.plan(estimate(), COST, 10**9, 600, evidence=ev, explore=True)
+    assert back.active is Mode.MB and back.switched and back.reason.startswith("explored eb, back to mb")
+    for _ in range(20):  # evidence of both: never again at this load
+        assert not p.plan(estimate(), COST, 10**9, 600, evidence=ev, explore=True).switched
+    assert p.state.explorations == 1
+
+
+def test_exploration_only_where_the_replica_follows_and_the_margin_is_thin() -> None:
+    ev = ModeEvidence()
+    ev.observe(Mode.MB, mb_steps(200), plan=0)
+    assert not planner(explore_below=0.5).plan(estimate(), COST, 10**9, 600, evidence=ev).switched  # explore=False
+    sure = planner(explore_below=0.01)
+    assert not sure.plan(estimate(), COST, 10**9, 600, evidence=ev, explore=True).switched
+    never = planner(explore_below=0.0)
+    assert not never.plan(estimate(), COST, 10**9, 600, evidence=ev, explore=True).switched
+
+
+def test_an_exploration_that_confirms_the_other_mode_stays_there() -> None:
+    ev = ModeEvidence()
+    ev.observe(Mode.MB, mb_steps(200, scale=1.3), plan=0)  # MB measured 30% slower than modelled
+    p = planner(explore_below=0.5, enabled=True)
+    p.state.active = Mode.MB
+    # with MB's bias the corrected margin already favours EB: a plain switch, no exploration needed
+    assert p.plan(estimate(), COST, 10**9, 600, evidence=ev, explore=True).reason.startswith("switch to eb")
+
+
+# -- the fleet: which mode a push's steps ran under -----------------------------
+
+
+def _completions(n: int, start: int = 0) -> list[CompletionRecord]:
+    rng = np.random.default_rng(start)
+    return [
+        CompletionRecord(512, int(o), FinishReason.STOP, seq=start + i) for i, o in enumerate(rng.geometric(1 / 256, n))
+    ]
+
+
+def test_steps_count_for_a_mode_only_once_the_replica_runs_it() -> None:
+    fc = FleetController(ControllerConfig(first_update=30), clock=lambda: 0.0)
+    fc.register(registration("r", Mode.AUTO, 2_000_000, 1024, COST))
+    ev = fc.replicas["r"].evidence
+    fc.ingest(batch("r", (), mb_steps(40), applied_version=0))  # before its first report: not known
+    assert ev.mark(Mode.MB)[0] == 0
+    fc.ingest(batch("r", (), mb_steps(40), applied_version=0))  # runs the registration's MB
+    assert ev.mark(Mode.MB)[0] == 40
+    fc.replicas["r"].current = ThresholdUpdate(mode=Mode.AUTO, k=10, n=1024, version=5, active=Mode.EB)
+    fc.replicas["r"].active_since = 5
+    fc.ingest(batch("r", (), eb_steps(2), applied_version=5))  # sent before the push that said 5: straddles
+    assert ev.mark(Mode.EB)[0] == 0 and ev.mark(Mode.MB)[0] == 40
+    fc.ingest(batch("r", (), eb_steps(2), applied_version=5))
+    assert ev.mark(Mode.EB)[0] == 42
+
+
+def test_shadow_plans_like_auto_runs_mb_and_shows_the_choice() -> None:
+    """Shadow: the planned choice is published (planned), the replica runs MB, nothing is explored."""
+    fc = FleetController(ControllerConfig(first_update=30), clock=lambda: 0.0)
+    fc.register(registration("r", Mode.SHADOW, 2_000_000, 1024, eb_favoured()))
+    steps = [StepRecord(0, 600, 600, 0, 0.03)] * 40
+    fc.ingest(batch("r", (), steps, applied_version=0))
+    fc.ingest(batch("r", _completions(30), steps, applied_version=0))
+    view = fc.snapshot().replicas["r"]
+    assert view.mode is Mode.SHADOW and view.active is Mode.MB
+    assert view.planned is Mode.EB and fc.replicas["r"].current.active is Mode.MB
+    assert fc.replicas["r"].evidence.mark(Mode.EB) == (0, 0) and view.explorations == 0
+    assert view.judgement is not None and view.judgement.mb.measured is not None
