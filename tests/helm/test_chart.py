@@ -19,10 +19,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import re
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import jsonschema
@@ -339,20 +337,3 @@ def test_invalid_values_are_rejected_readably(helm: str, path: Path) -> None:
     # helm lint reports the same line (schema errors fail it; it downgrades a template's fail() to INFO)
     proc = run_helm(helm, "lint", "--strict", str(CHART), "-f", str(path))
     assert expect in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-
-
-# -- the image ----------------------------------------------------------------------
-
-
-def test_dockerfile_matches_chart_and_package() -> None:
-    """deploy/Dockerfile: the Ray release the chart declares, the gpu extra, every package of the project."""
-    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    ray_version = values["rayService"]["rayVersion"]
-    assert f"ARG RAY_VERSION={ray_version}" in dockerfile
-    assert f"ray[llm,serve]=={ray_version}" in pyproject["project"]["optional-dependencies"]["gpu"]
-    assert '"ray[llm,serve]==${RAY_VERSION}" ".[gpu]"' in dockerfile
-    copied = set(re.findall(r"^COPY --chown=\S+ (\w+)/ \1/$", dockerfile, re.M))
-    packages = set(pyproject["tool"]["setuptools"]["package-dir"].values())  # ebplus.* -> source folder
-    assert packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
