@@ -82,7 +82,12 @@ class WorkerGroup(_PodGroup):
     replicas: int = Field(1, ge=0, description="Worker pods (nodes) in the group.")
     minReplicas: int | None = Field(None, ge=0, description="Autoscaling lower bound; default: replicas.")
     maxReplicas: int | None = Field(None, ge=0, description="Autoscaling upper bound; default: replicas.")
-    gpus: int = Field(1, ge=0, description="GPUs per worker pod (one EB+ replica per GPU).")
+    gpus: int = Field(
+        1,
+        ge=0,
+        description="GPUs per worker pod: one EB+ replica per tensor_parallel_size GPUs (config.engine.extra), "
+        "so a multiple of it.",
+    )
     gpuResource: str = Field("nvidia.com/gpu", min_length=1, description="Extended resource name of the GPU.")
     gpuType: str = Field(
         "",

@@ -44,6 +44,7 @@ CASES = {
     "mixed-fleet": CHART / "ci" / "mixed-fleet-values.yaml",
     "existing-secret": CHART / "ci" / "existing-secret-values.yaml",
     "monitoring-off": CHART / "ci" / "monitoring-off-values.yaml",
+    "tensor-parallel": CHART / "ci" / "tensor-parallel-values.yaml",
 }
 INVALID = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
 
@@ -265,6 +266,26 @@ def test_mixed_fleet_groups(helm: str) -> None:
     assert not any("gpu" in k for k in head["resources"].get("limits", {}))
     args = yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"]
     assert args["replicas"]["num_replicas"] == 12 and "accelerator_type" not in args["replicas"]
+
+
+def test_tensor_parallel_replicas_get_their_gpus(helm: str) -> None:
+    """Each replica's GPUs (Ray Serve LLM's placement group) fit inside one worker pod, and the pods hold them all."""
+    from ebplus.deploy.app import llm_config
+
+    (rs,) = by_kind(render(helm, "tensor-parallel"))["RayService"]
+    config = parse_config(yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"])
+    tp = config.engine.extra["tensor_parallel_size"]
+    # what Ray Serve LLM reserves per replica, from the same engine kwargs (read in its code: a
+    # placement group of tensor_parallel_size x pipeline_parallel_size {"GPU": 1} bundles)
+    bundles = llm_config(config, config.model.source).get_engine_config().placement_bundles
+    assert tp == 2 and [b["GPU"] for b in bundles] == [1] * tp
+    slots = 0
+    for group in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        (container,) = group["template"]["spec"]["containers"]
+        gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+        assert gpus == container["resources"]["requests"]["nvidia.com/gpu"] and gpus % tp == 0
+        slots += group["replicas"] * gpus // tp
+    assert slots == config.replicas.num_replicas == 8
 
 
 def test_monitoring_and_dashboards(helm: str) -> None:
