@@ -7,8 +7,11 @@ the Ray Serve application in the RayService's ``serveConfigV2``. Everything else
 described by :class:`ChartValues` below, so ``helm install`` rejects a bad value
 with the field named before anything reaches the cluster.
 
-    python -m ebplus.deploy.helm_values            # rewrite helm/ebplus/values.schema.json
-    python -m ebplus.deploy.helm_values --check    # exit 1 if the committed file is stale
+    python -m ebplus.deploy.helm_values            # rewrite values.schema.json and README.md
+    python -m ebplus.deploy.helm_values --check    # exit 1 if a committed file is stale
+
+The chart's README (``helm/ebplus/README.md``) is generated with the schema, from
+these models and the ``# --`` comments of ``values.yaml`` (:mod:`ebplus.deploy.chart_docs`).
 
 A test (``tests/helm/test_chart.py``) fails when the committed schema differs from
 the generated one, and validates the chart's values files against these models.
@@ -134,9 +137,13 @@ class MonitorToggle(_Values):
 
 
 class Monitoring(_Values):
-    """Prometheus Operator scrape objects (needs its CRDs in the cluster)."""
+    """Prometheus Operator objects, rendered only where the cluster serves monitoring.coreos.com/v1."""
 
-    enabled: bool = Field(True, description="Render ServiceMonitor/PodMonitor objects.")
+    enabled: bool = Field(
+        True,
+        description="Render ServiceMonitor/PodMonitor/PrometheusRule objects when the cluster has the "
+        "Prometheus Operator's API (monitoring.coreos.com/v1).",
+    )
     interval: str = Field("15s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape interval.")
     labels: dict[str, str] = Field(
         default_factory=dict,
@@ -149,17 +156,35 @@ class Monitoring(_Values):
         default_factory=MonitorToggle,
         description="PodMonitor for Ray's metrics export port on every Ray pod (ray_vllm_*, ray_serve_*).",
     )
+    prometheusRule: MonitorToggle = Field(
+        default_factory=MonitorToggle,
+        description="PrometheusRule with the EB+ alerts (helm/ebplus/rules/ebplus-alerts.yaml).",
+    )
 
 
 class Dashboards(_Values):
     """Grafana dashboards as ConfigMaps, picked up by the Grafana sidecar."""
 
-    enabled: bool = Field(True, description="Render the dashboards ConfigMap.")
+    enabled: bool = Field(
+        True, description="Render the dashboards ConfigMap (where the cluster has monitoring.coreos.com/v1)."
+    )
     label: str = Field("grafana_dashboard", min_length=1, description="Label the Grafana sidecar watches.")
     labelValue: str = Field("1", description="Value of that label.")
     namespace: str = Field("", description="Namespace of the ConfigMap; empty: the release namespace.")
     annotations: dict[str, str] = Field(
         default_factory=dict, description="ConfigMap annotations, e.g. {grafana_folder: EB+}."
+    )
+
+
+class HelmTest(_Values):
+    """The `helm test` hook: a pod that runs `ebplus status` against the release's Serve Service."""
+
+    enabled: bool = Field(True, description="Render the test pod (it runs only on `helm test`).")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(
+            requests={"cpu": "100m", "memory": "256Mi"}, limits={"cpu": "1", "memory": "1Gi"}
+        ),
+        description="Resources of the test pod.",
     )
 
 
@@ -199,6 +224,13 @@ class ChartValues(_Values):
     service: ServeService = Field(default_factory=ServeService, description="The Serve HTTP Service.")
     monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus scraping.")
     dashboards: Dashboards = Field(default_factory=Dashboards, description="Grafana dashboards.")
+    helmTest: HelmTest = Field(default_factory=HelmTest, description="The `helm test` pod.")
+    global_: dict[str, Any] = Field(
+        default_factory=dict,
+        alias="global",
+        description="Helm's global values, shared by a parent chart with its subcharts; this chart reads none "
+        "of them, but accepts them so that it can be a dependency.",
+    )
 
 
 def _strip_titles(node: Any, in_properties: bool = False) -> Any:
@@ -224,21 +256,30 @@ def render_schema() -> str:
     return json.dumps(values_schema(), indent=2, sort_keys=True) + "\n"
 
 
+def generated_files() -> dict[Path, str]:
+    """Every file of the chart generated from code: the values schema and the README."""
+    from ebplus.deploy.chart_docs import README_PATH, render_readme
+
+    return {SCHEMA_PATH: render_schema(), README_PATH: render_readme()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the committed schema is stale")
-    parser.add_argument("--output", type=Path, default=SCHEMA_PATH)
+    parser.add_argument("--check", action="store_true", help="fail if a committed file is stale")
     args = parser.parse_args(argv)
-    text = render_schema()
-    if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is stale: run `python -m ebplus.deploy.helm_values`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(text)
-    print(f"wrote {args.output}")
-    return 0
+    stale = []
+    for path, text in generated_files().items():
+        current = path.read_text() if path.exists() else ""
+        if current == text:
+            continue
+        if args.check:
+            stale.append(path)
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    for path in stale:
+        print(f"{path} is stale: run `python -m ebplus.deploy.helm_values`", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

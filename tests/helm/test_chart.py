@@ -1,7 +1,10 @@
 """helm/ebplus with the real helm binary: lint, render, and validate every rendered object.
 
 * ``helm lint --strict`` and ``helm template`` pass for the default values and each
-  ``helm/ebplus/ci/*-values.yaml`` (mixed GPU fleet, existing secret, monitoring off);
+  ``helm/ebplus/ci/*-values.yaml`` (mixed GPU fleet, existing secret, monitoring off, tensor
+  parallelism), and as a subchart given Helm's ``global`` values;
+* the Prometheus Operator objects and the dashboards render only where the cluster serves
+  ``monitoring.coreos.com/v1`` (``--api-versions``; the other tests render with it);
 * every core object validates against the Kubernetes 1.30 OpenAPI schemas
   (kubernetes-validate, offline, strict: unknown fields fail), the RayService against
   KubeRay's CRD schema (``../shared/schemas/ray.io_rayservices.yaml``, made strict the
@@ -11,7 +14,8 @@
   app args as our ``ServeConfig`` (the one config schema);
 * tokens reach the pods only through ``secretKeyRef``;
 * bad values (``tests/helm/invalid/*.yaml``) are refused with the message their first line expects;
-* ``values.schema.json`` is the generated one.
+* ``values.schema.json`` and the chart's README are the generated ones;
+* the ``helm test`` pod runs a valid ``ebplus status`` against the release's Service.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ import yaml
 from external_tools import REPO, binary, node_modules
 from ray.serve.schema import ServeDeploySchema
 
+from ebplus.deploy.chart_docs import README_PATH, comments, render_readme, value_rows
 from ebplus.deploy.config import load_config, parse_config
 from ebplus.deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
 
 CHART = REPO / "helm" / "ebplus"
 CRD = REPO.parent / "shared" / "schemas" / "ray.io_rayservices.yaml"
 KUBE_VERSION = "1.30.0"
+MONITORING_API = "monitoring.coreos.com/v1"
 NAMESPACE = "llm"
 RELEASE = "eb"
 
@@ -64,10 +70,12 @@ def values_args(case: str) -> list[str]:
 
 
 @functools.cache
-def render(helm: str, case: str) -> list[dict]:
+def render(helm: str, case: str, monitoring_api: bool = True) -> list[dict]:
+    """``helm template`` of a case, on a cluster with (default) or without the Prometheus Operator's API."""
+    api = ["--api-versions", MONITORING_API] if monitoring_api else []
     proc = run_helm(
         helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
-        *values_args(case),
+        *api, *values_args(case),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
@@ -107,6 +115,26 @@ def test_values_schema_is_generated() -> None:
     assert SCHEMA_PATH.read_text() == render_schema(), "stale: run `python -m ebplus.deploy.helm_values`"
 
 
+def test_chart_readme_is_generated() -> None:
+    assert README_PATH.read_text() == render_readme(), "stale: run `python -m ebplus.deploy.helm_values`"
+
+
+def test_readme_generator_reads_comments_and_refuses_undocumented_keys() -> None:
+    text = (
+        "# -- Top key,\n# continued.\nnameOverride: x\n\n# a plain comment\nfullnameOverride: y\n"
+        "workerGroups:\n  - # -- The name.\n    name: a\n    # -- Pods.\n    replicas: 2\n"
+        "  - name: b\n"
+    )
+    assert comments(text) == {"nameOverride": "Top key, continued.", "workerGroups[].name": "The name.",
+                              "workerGroups[].replicas": "Pods."}  # fmt: skip
+    rows = {r.key: r for r in value_rows(text, ChartValues)}
+    assert rows["nameOverride"].description == "Top key, continued."
+    assert rows["fullnameOverride"].description == ChartValues.model_fields["fullnameOverride"].description
+    assert rows["workerGroups[].replicas"].default == "`2`" and rows["global"].type == "object"
+    with pytest.raises(ValueError, match=r"values without a description .*'colour'"):
+        value_rows(text + "colour: red\n", ChartValues)
+
+
 def test_default_config_is_the_gpu_example() -> None:
     """The chart's default `config` is deploy/gpu.yaml, key for key (so the two cannot drift)."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -123,6 +151,56 @@ def test_lint(helm: str, case: str) -> None:
     proc = run_helm(helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, *values_args(case))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
+
+
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_monitoring_only_where_the_operator_api_is(helm: str, case: str) -> None:
+    """Without monitoring.coreos.com/v1 (no Operator CRDs) the release renders, minus the monitoring objects."""
+    bare = by_kind(render(helm, case, monitoring_api=False))
+    assert not MONITORING_KINDS & set(bare)
+    assert all("head-metrics" not in s["metadata"]["name"] for s in bare.get("Service", []))
+    full = by_kind(render(helm, case))
+    values = merged_values(case)
+    expected = set()
+    if values.monitoring.enabled:
+        expected |= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    if values.dashboards.enabled:
+        expected.add("ConfigMap")
+    assert MONITORING_KINDS & set(full) == expected
+
+    def rest(kinds: dict[str, list[dict]]) -> set[tuple[str, str]]:
+        """Everything but the monitoring objects (the head-metrics Service exists for the ServiceMonitor)."""
+        return {(k, d["metadata"]["name"]) for k, docs in kinds.items() if k not in MONITORING_KINDS for d in docs
+                if not d["metadata"]["name"].endswith("-head-metrics")}  # fmt: skip
+
+    assert rest(full) == rest(bare)
+
+
+def test_as_a_subchart_with_global_values(helm: str, tmp_path: Path) -> None:
+    """A parent chart that depends on this one passes its `global` values down: the schema accepts them."""
+    parent = tmp_path / "platform"
+    shutil.copytree(CHART, parent / "charts" / "ebplus")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n"
+        "dependencies:\n  - name: ebplus\n    version: 0.1.0\n"
+    )
+    (parent / "values.yaml").write_text(
+        "global:\n  imageRegistry: registry.example.com\n  storageClass: fast\n"
+        "ebplus:\n  image:\n    repository: registry.example.com/ebplus-serve\n"
+    )
+    proc = run_helm(helm, "lint", "--strict", str(parent), "--namespace", NAMESPACE)
+    assert proc.returncode == 0 and "0 chart(s) failed" in proc.stdout, proc.stdout + proc.stderr
+    for api in ([], ["--api-versions", MONITORING_API]):
+        proc = run_helm(helm, "template", "eb", str(parent), "--namespace", NAMESPACE, *api)
+        assert proc.returncode == 0, proc.stderr
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        (rs,) = by_kind(docs)["RayService"]
+        image = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == "registry.example.com/ebplus-serve:0.1.0"
+        assert ("PrometheusRule" in by_kind(docs)) == bool(api)
 
 
 def _strict(schema: object) -> object:
@@ -196,7 +274,9 @@ def test_validators_reject_bad_objects(helm: str) -> None:
             kubernetes_validate.validate(svc, KUBE_VERSION, strict=True)
     sm = copy.deepcopy(kinds["ServiceMonitor"][0])
     sm["spec"]["endpoints"][0]["interval"] = 15
-    assert validate_monitors([sm])[0]
+    rule = copy.deepcopy(kinds["PrometheusRule"][0])
+    rule["spec"]["groups"][0]["rules"][0]["for"] = "five minutes"
+    assert all(validate_monitors([sm, rule]))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -232,7 +312,8 @@ def test_credentials_only_from_secret(helm: str, case: str) -> None:
     expected = {config.auth.admin_token_env: values.auth.adminTokenKey}
     if values.auth.apiKey.enabled:
         expected[config.auth.api_key_env] = values.auth.apiKey.key
-    for container in _containers(rs):
+    test_pods = [c for pod in kinds.get("Pod", []) for c in pod["spec"]["containers"]]
+    for container in _containers(rs) + test_pods:
         env = {e["name"]: e for e in container["env"]}
         for name, key in expected.items():
             assert "value" not in env[name], f"{name} rendered in clear"
@@ -247,6 +328,30 @@ def test_credentials_only_from_secret(helm: str, case: str) -> None:
         assert secret["metadata"]["name"] == secret_name
         assert set(secret["data"]) == set(expected.values())
         assert all(len(v) >= 40 for v in secret["data"].values())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_helm_test_pod_runs_ebplus_status(helm: str, case: str) -> None:
+    """`helm test` runs `ebplus status` (a valid command line) against this release's Serve Service."""
+    from ebplus.cli import build_parser
+
+    kinds = by_kind(render(helm, case))
+    (pod,) = kinds["Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test" and pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    command = container["command"]
+    assert command[:4] == ["python", "-m", "ebplus.cli", "status"]
+    args = build_parser("status").parse_args(command[3:])
+    (rs,) = kinds["RayService"]
+    config = parse_config(yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"])
+    service = rs["spec"]["serveService"]
+    assert args.url == f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{service['spec']['ports'][0]['port']}"
+    assert args.expect_model == config.model.id
+    env = {e["name"] for e in container["env"]}
+    assert args.token_env == config.auth.admin_token_env and args.token_env in env
+    assert args.api_key_env == config.auth.api_key_env
+    assert (args.api_key_env in env) == merged_values(case).auth.apiKey.enabled
+    assert container["image"] == _containers(rs)[0]["image"]
 
 
 def test_mixed_fleet_groups(helm: str) -> None:

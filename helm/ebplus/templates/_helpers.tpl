@@ -66,6 +66,15 @@ app.kubernetes.io/part-of: ebplus
 {{- end }}
 
 {{/*
+"true" when the Prometheus Operator objects may be rendered: monitoring is on and the cluster
+serves the monitoring.coreos.com/v1 API (its CRDs are installed). Without the CRDs an install
+would fail on the first ServiceMonitor; `helm template` needs `--api-versions monitoring.coreos.com/v1`.
+*/}}
+{{- define "ebplus.monitoringApi" -}}
+{{- if and .Values.monitoring.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}true{{ end }}
+{{- end }}
+
+{{/*
 Container env of every Ray pod: the credentials, from the Secret only (never in clear).
 Ray workers inherit the raylet's environment, so the Serve replicas see them on any node.
 */}}
