@@ -68,9 +68,14 @@ logged() {
     ticks=$((ticks + 1))
     if [ $((ticks % 15)) -eq 0 ]; then
       local doing
-      doing="$(grep -E '^\s*(Collecting|Downloading|Using cached|Building|Installing|Successfully)' "$log" \
-               | tail -n 1 | sed -E 's/^\s+//' | cut -c1-100 || true)"
-      echo "    [$(elapsed)] still at it: ${doing:-starting}"
+      doing="$(grep -E '^\s*(Collecting|Downloading|Using cached|Building wheel|Installing collected|Successfully installed)' \
+               "$log" | tail -n 1 | sed -E 's/^\s+//' || true)"
+      case "$doing" in
+        "Installing collected packages:"*)
+          doing="unpacking $(tr ',' '\n' <<<"$doing" | wc -l | tr -d ' ') packages into $venv" ;;
+        "Successfully installed"*) doing="installed; finishing" ;;
+      esac
+      echo "    [$(elapsed)] still at it: $(cut -c1-100 <<<"${doing:-starting}")"
     fi
   done
   if ! wait "$pid"; then

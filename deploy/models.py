@@ -235,7 +235,7 @@ def convert_gguf_to_hf(gguf: Path, out_dir: Path, log: Log = _quiet) -> None:
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         quantizer.remove_quantization_config(model)
-    log(f"saving model.safetensors and the tokenizer to {out_dir.name}/")
+    log("saving model.safetensors and the tokenizer")
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 

@@ -24,9 +24,21 @@ from typing import Any
 #: Where Ray keeps the logs of the newest session on this machine (a symlink Ray maintains).
 DEFAULT_SESSION_DIR = Path("/tmp/ray/session_latest")
 
-# "ValueError: ...", "ray.exceptions.RayActorError: ..." (the last line of a traceback) or a
-# log record at level ERROR/CRITICAL ("ERROR 2025-01-01 12:00:00,000 ... - message").
-_ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Exit|Interrupt)(?::|$)|.*\b(?:ERROR|CRITICAL|FATAL)\b)")
+# The last line of a traceback ("ValueError: ...", "ray.exceptions.RayActorError: ..."), and a log
+# record at level ERROR/CRITICAL ("ERROR 2025-01-01 12:00:00,000 controller 1 -- message").
+_EXCEPTION = re.compile(r"^(?P<type>[\w.]+(?:\([\w.]+\))?): (?P<message>.+)$")
+_RECORD = re.compile(r"^(?:ERROR|CRITICAL|FATAL)\b")
+# Wrappers that repeat an exception raised elsewhere: Ray's task errors, re-raised tracebacks.
+_WRAPPER = re.compile(r"^(Traceback \(most recent call last\)|.*\bray::)")
+
+
+def _is_exception(line: str) -> bool:
+    m = _EXCEPTION.match(line)
+    return bool(
+        m
+        and re.search(r"(Error|Exception|Exit|Interrupt)(\(|$)", m.group("type"))
+        and not _WRAPPER.match(m.group("message"))
+    )
 
 
 class DeployError(Exception):
@@ -68,27 +80,33 @@ def snapshot(serve_status: Any, app: str) -> Snapshot:
 
 
 def last_error_line(session_dir: Path, since: float = 0.0) -> tuple[Path, str] | None:
-    """The newest error line in the session's Serve logs and worker stderr files written since ``since``.
+    """The newest error in the session's Serve logs and worker stderr files written since ``since``.
 
-    Files are taken oldest to newest by modification time, lines in file order, so the
-    result is the error that happened last (usually the exception a replica's
-    constructor raised, as the last line of its traceback).
+    The root cause reads best as the last line of a traceback (a replica constructor's
+    ``ValueError: ...``, with its next line when the message continues there, as pydantic's
+    do); wrappers that only repeat it (Ray's task errors) are skipped. Without any, the last
+    ERROR record. Files are read oldest to newest by modification time, lines in order.
     """
     logs = session_dir / "logs"
     files = [*logs.glob("serve/*.log"), *logs.glob("worker-*.err"), *logs.glob("serve/*.err")]
-    found = None
+    exception, record = None, None
     for path in sorted((p for p in files if p.is_file()), key=lambda p: p.stat().st_mtime):
         if path.stat().st_mtime < since:
             continue
         try:
-            lines = path.read_text(errors="replace").splitlines()
+            lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
         except OSError:
             continue
-        for line in lines:
-            text = line.strip()
-            if text and _ERROR_LINE.match(text):
-                found = (path, text)
-    return found
+        for i, text in enumerate(lines):
+            if _is_exception(text):
+                more = lines[i + 1] if i + 1 < len(lines) else ""
+                continued = more and not more.startswith(("File ", "^", "During handling", "The above")) and not (
+                    _is_exception(more) or _RECORD.match(more) or re.match(r"^(INFO|WARNING|DEBUG)\b", more)
+                )
+                exception = (path, f"{text} {more}" if continued else text)
+            elif _RECORD.match(text):
+                record = (path, text)
+    return exception or record
 
 
 def failure_details(session_dir: Path, since: float, message: str = "") -> list[str]:

@@ -159,3 +159,28 @@ def test_last_error_line_only_from_this_deploy(tmp_path: Path) -> None:
     assert last_error_line(tmp_path) == (old, "ray.exceptions.RayActorError: The actor died unexpectedly")
     os.utime(old, (1, 1))
     assert last_error_line(tmp_path, since=1_000_000.0) is None
+
+
+def test_root_cause_wins_over_wrappers_and_summaries(tmp_path: Path) -> None:
+    """As Serve's controller logs a replica whose engine config failed (seen with a model directory
+    that holds no model): the exception and its continued message, not the wrappers around it."""
+    log = tmp_path / "logs" / "serve" / "controller_1.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        "ERROR 2026-11-30 12:48:34,226 controller 1 -- Exception in Replica(id='dx6gze16'), the replica will be stopped.\n"
+        "Traceback (most recent call last):\n"
+        "ray.exceptions.RayTaskError(RuntimeError): ray::ServeReplica:ebplus:LLMServer.initialize_and_get_metadata()\n"
+        "RuntimeError: Traceback (most recent call last):\n"
+        '  File "vllm_engine.py", line 222, in _get_vllm_engine_config\n'
+        '    raise RuntimeError(f"Failed to create vLLM engine config: {e}") from None\n'
+        "RuntimeError: Failed to create vLLM engine config: 1 validation error for ModelConfig\n"
+        "  Value error, Invalid repository ID or local directory specified: '/tmp/notamodel'.\n"
+        "Please verify the following requirements:\n"
+        "INFO 2026-11-30 12:48:34,227 controller 1 -- Stopping Replica(id='dx6gze16')\n"
+        "ERROR 2026-11-30 12:48:51,028 controller 1 -- Failed to update the deployments ['LLMServer'].\n"
+    )
+    assert last_error_line(tmp_path) == (
+        log,
+        "RuntimeError: Failed to create vLLM engine config: 1 validation error for ModelConfig "
+        "Value error, Invalid repository ID or local directory specified: '/tmp/notamodel'.",
+    )
