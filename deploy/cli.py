@@ -126,8 +126,13 @@ def start_ray(cfg: ServeConfig, attempts: int = 3) -> Path:
                 )
             return Path(context.address_info.get("session_dir") or DEFAULT_SESSION_DIR)
         except Exception as exc:  # Ray raises a bare Exception for a slow node start
-            if attempt == attempts or "timed out during startup" not in str(exc):
+            if "timed out during startup" not in str(exc):
                 raise
+            if attempt == attempts:
+                raise CommandError(
+                    f"Ray did not start in {attempts} attempts ({exc}); a loaded machine? Ray's logs: "
+                    f"{DEFAULT_SESSION_DIR / 'logs'}"
+                ) from None
             print(f"[serve] Ray start timed out ({exc}); retrying ({attempt}/{attempts - 1})", flush=True)
             ray.shutdown()
     raise AssertionError("unreachable")
