@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ebplus.deploy.config import ConfigError, ServeConfig, load_config
-
-from ebplus.cli import CommandError
+from ebplus.errors import CommandError
 
 #: Default limit for the application to reach RUNNING (``--deploy-timeout``): a first start
 #: may download a model from the Hub and compile CUDA graphs; on a CPU it takes a minute or two.
@@ -110,6 +109,7 @@ def start_ray(cfg: ServeConfig, attempts: int = 3) -> Path:
     retried because Ray gives a new node only 30 s to register, which a loaded 2-core
     machine can miss."""
     import ray
+
     from ebplus.deploy.progress import DEFAULT_SESSION_DIR
 
     for attempt in range(1, attempts + 1):

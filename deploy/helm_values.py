@@ -7,11 +7,8 @@ the Ray Serve application in the RayService's ``serveConfigV2``. Everything else
 described by :class:`ChartValues` below, so ``helm install`` rejects a bad value
 with the field named before anything reaches the cluster.
 
-    python -m ebplus.deploy.helm_values            # rewrite values.schema.json and README.md
-    python -m ebplus.deploy.helm_values --check    # exit 1 if a committed file is stale
-
-The chart's README (``helm/ebplus/README.md``) is generated with the schema, from
-these models and the ``# --`` comments of ``values.yaml`` (:mod:`ebplus.deploy.chart_docs`).
+    python -m ebplus.deploy.helm_values            # rewrite helm/ebplus/values.schema.json
+    python -m ebplus.deploy.helm_values --check    # exit 1 if the committed file is stale
 
 A test (``tests/helm/test_chart.py``) fails when the committed schema differs from
 the generated one, and validates the chart's values files against these models.
@@ -133,7 +130,7 @@ class ServeService(_Values):
 
 
 class MonitorToggle(_Values):
-    enabled: bool = Field(True, description="Render this monitor.")
+    enabled: bool = Field(True, description="Render this object.")
 
 
 class Monitoring(_Values):
@@ -256,30 +253,21 @@ def render_schema() -> str:
     return json.dumps(values_schema(), indent=2, sort_keys=True) + "\n"
 
 
-def generated_files() -> dict[Path, str]:
-    """Every file of the chart generated from code: the values schema and the README."""
-    from ebplus.deploy.chart_docs import README_PATH, render_readme
-
-    return {SCHEMA_PATH: render_schema(), README_PATH: render_readme()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if a committed file is stale")
+    parser.add_argument("--check", action="store_true", help="fail if the committed schema is stale")
+    parser.add_argument("--output", type=Path, default=SCHEMA_PATH)
     args = parser.parse_args(argv)
-    stale = []
-    for path, text in generated_files().items():
-        current = path.read_text() if path.exists() else ""
-        if current == text:
-            continue
-        if args.check:
-            stale.append(path)
-        else:
-            path.write_text(text)
-            print(f"wrote {path}")
-    for path in stale:
-        print(f"{path} is stale: run `python -m ebplus.deploy.helm_values`", file=sys.stderr)
-    return 1 if stale else 0
+    text = render_schema()
+    if args.check:
+        current = args.output.read_text() if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is stale: run `python -m ebplus.deploy.helm_values`", file=sys.stderr)
+            return 1
+        return 0
+    args.output.write_text(text)
+    print(f"wrote {args.output}")
+    return 0
 
 
 if __name__ == "__main__":

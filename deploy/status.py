@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ebplus.cli import CommandError
+from ebplus.errors import CommandError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -194,16 +194,18 @@ def render(status: Status) -> str:
             pinned = ", ".join(f"{k}={v}" for k, v in ov.items() if k in ("mode", "k", "n") and v is not None)
             out.append(f"override {key}: {pinned or '-'}")
     if status.estimates is not None:
-        fleet = status.estimates.get("fleet", {})
+        fleet = status.estimates.get("fleet") or {}
+        est = fleet.get("estimate") or {}  # null before the first estimate
         out += [
             "",
-            "fleet:  p0 {}  eta {}  mu_L {}  mu_O {}   ({} samples, {} updates)".format(
-                _num(fleet.get("p0"), ".3g"),
-                _num(fleet.get("eta"), ".3g"),
-                _num(fleet.get("mu_l"), ".1f"),
-                _num(fleet.get("mu_o"), ".1f"),
-                _num(fleet.get("n_samples"), "d"),
+            "fleet:  p0 {}  eta {}  mu_L {}  mu_O {}   ({} samples, {} updates, {} completions)".format(
+                _num(est.get("p0"), ".3g"),
+                _num(est.get("eta"), ".3g"),
+                _num(est.get("mu_l"), ".1f"),
+                _num(est.get("mu_o"), ".1f"),
+                _num(est.get("n_samples"), "d"),
                 _num(fleet.get("updates"), "d"),
+                _num(fleet.get("completions"), "d"),
             ),
         ]
     out += [f"problem: {p}" for p in status.problems]

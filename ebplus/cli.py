@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
 
+from ebplus.errors import CommandError
+
 # subcommand -> module that registers it. Order is the order shown in --help.
 COMMANDS: dict[str, str] = {
     "theory": "ebplus.controller.cli",
@@ -23,8 +25,8 @@ COMMANDS: dict[str, str] = {
     "bench-sim": "ebplus.bench.cli",
     "profile": "ebplus.bench.profile",
     "serve": "ebplus.deploy.cli",
-    "status": "ebplus.deploy.status",
     "build-model": "ebplus.deploy.cli",
+    "status": "ebplus.deploy.status",
 }
 
 HELP: dict[str, str] = {
@@ -34,13 +36,9 @@ HELP: dict[str, str] = {
     "bench-sim": "run the simulator benchmark grid and write tables and plots",
     "profile": "fit a hardware cost profile on a real vLLM engine",
     "serve": "run the Ray Serve deployment from a config file",
-    "status": "show a running deployment's thresholds and estimates",
     "build-model": "build a bundled model directory (SmolLM2 or the tiny test model)",
+    "status": "show a running deployment's thresholds and estimates",
 }
-
-
-class CommandError(Exception):
-    """Bad input detected by a subcommand: printed as one line, exit code 2."""
 
 
 #: Expected failures: printed as one line (exit code 2), never as a traceback. A config or
@@ -111,8 +109,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m ebplus.cli` runs this file as __main__, a second copy of the module whose
-    # CommandError is not the one the subcommands raise: hand over to the imported module.
-    from ebplus.cli import main as imported_main
-
-    sys.exit(imported_main())
+    sys.exit(main())

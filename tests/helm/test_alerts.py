@@ -16,8 +16,9 @@ import subprocess
 
 import pytest
 import yaml
-from ebplus.controller.exporter import SPECS
 from external_tools import REPO, binary
+
+from ebplus.controller.exporter import SPECS
 
 RULES = REPO / "helm" / "ebplus" / "rules" / "ebplus-alerts.yaml"
 TESTS = REPO / "tests" / "helm" / "alerts_test.yaml"

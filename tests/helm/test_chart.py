@@ -14,7 +14,7 @@
   app args as our ``ServeConfig`` (the one config schema);
 * tokens reach the pods only through ``secretKeyRef``;
 * bad values (``tests/helm/invalid/*.yaml``) are refused with the message their first line expects;
-* ``values.schema.json`` and the chart's README are the generated ones;
+* ``values.schema.json`` and the chart's README (every value described) are the generated ones;
 * the ``helm test`` pod runs a valid ``ebplus status`` against the release's Service.
 """
 
@@ -34,7 +34,8 @@ import yaml
 from external_tools import REPO, binary, node_modules
 from ray.serve.schema import ServeDeploySchema
 
-from ebplus.deploy.chart_docs import README_PATH, comments, render_readme, value_rows
+from ebplus import reference
+from ebplus.chart_readme import README_PATH, render_readme
 from ebplus.deploy.config import load_config, parse_config
 from ebplus.deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
 
@@ -115,24 +116,13 @@ def test_values_schema_is_generated() -> None:
     assert SCHEMA_PATH.read_text() == render_schema(), "stale: run `python -m ebplus.deploy.helm_values`"
 
 
-def test_chart_readme_is_generated() -> None:
-    assert README_PATH.read_text() == render_readme(), "stale: run `python -m ebplus.deploy.helm_values`"
-
-
-def test_readme_generator_reads_comments_and_refuses_undocumented_keys() -> None:
-    text = (
-        "# -- Top key,\n# continued.\nnameOverride: x\n\n# a plain comment\nfullnameOverride: y\n"
-        "workerGroups:\n  - # -- The name.\n    name: a\n    # -- Pods.\n    replicas: 2\n"
-        "  - name: b\n"
-    )
-    assert comments(text) == {"nameOverride": "Top key, continued.", "workerGroups[].name": "The name.",
-                              "workerGroups[].replicas": "Pods."}  # fmt: skip
-    rows = {r.key: r for r in value_rows(text, ChartValues)}
-    assert rows["nameOverride"].description == "Top key, continued."
-    assert rows["fullnameOverride"].description == ChartValues.model_fields["fullnameOverride"].description
-    assert rows["workerGroups[].replicas"].default == "`2`" and rows["global"].type == "object"
-    with pytest.raises(ValueError, match=r"values without a description .*'colour'"):
-        value_rows(text + "colour: red\n", ChartValues)
+def test_chart_readme_is_generated_and_documents_every_value() -> None:
+    """helm/ebplus/README.md is current (`python -m ebplus.reference`), every value has a description."""
+    assert README_PATH.read_text() == render_readme(), "stale: run `python -m ebplus.reference`"
+    rows = reference.helm_values_rows()
+    assert {r[0] for r in rows} >= {"`global`", "`helmTest.enabled`", "`monitoring.prometheusRule.enabled`"}
+    undocumented = [r[0] for r in rows if not r[-1].strip()]
+    assert not undocumented, f"chart values without a description in deploy/helm_values.py: {undocumented}"
 
 
 def test_default_config_is_the_gpu_example() -> None:

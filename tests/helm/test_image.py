@@ -51,7 +51,9 @@ def package_files() -> list[str]:
     data = setuptools.get("package-data", {})
     files = ["pyproject.toml", pyproject()["project"]["readme"]]
     for package in setuptools["packages"]:
-        folder = dirs[package]
+        # a subpackage without its own package-dir entry lives under its parent's folder
+        top = max((name for name in dirs if package == name or package.startswith(name + ".")), key=len)
+        folder = Path(dirs[top], *package[len(top) :].split(".")[1:])
         globs = ["*.py", *data.get(package, [])]
         files += [str(p.relative_to(REPO)) for g in globs for p in sorted((REPO / folder).glob(g))]
     return files

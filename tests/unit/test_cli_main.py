@@ -11,10 +11,10 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from ebplus.deploy.cli import building
 from test_environment import install_fake
 
 from ebplus import cli
+from ebplus.deploy.cli import building
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-from ebplus.deploy.progress import DeployError, last_error_line, snapshot, wait_until_running
 from ray.serve.schema import (
     ApplicationStatus,
     ApplicationStatusOverview,
@@ -21,6 +20,8 @@ from ray.serve.schema import (
     ReplicaState,
     ServeStatus,
 )
+
+from ebplus.deploy.progress import DeployError, last_error_line, snapshot, wait_until_running
 
 APP = "ebplus"
 

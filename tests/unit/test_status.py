@@ -18,15 +18,16 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from ebplus.controller.actor import ControllerActor
-from ebplus.deploy import admin
-from ebplus.deploy.auth import Secret
-from ebplus.deploy.status import Status, render
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from test_admin_api import TOKEN, feed, make_actor
 
 from ebplus.cli import main
+from ebplus.controller.actor import ControllerActor
+from ebplus.controller.client import ControllerClient, ControllerUnavailable, LocalTransport
+from ebplus.deploy import admin
+from ebplus.deploy.auth import Secret
+from ebplus.deploy.status import Status, render
 
 
 def make_app(client: object, api_key: str | None = None) -> FastAPI:
@@ -70,7 +71,7 @@ def actor(tmp_path: Path) -> ControllerActor:
 
 @pytest.fixture
 def url(actor: ControllerActor) -> Iterator[str]:
-    with serving(make_app(admin.LocalControllerClient(actor))) as base:
+    with serving(make_app(ControllerClient(LocalTransport(actor)))) as base:
         yield base
 
 
@@ -83,7 +84,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def test_table_shows_what_the_controller_holds(url: str, actor, monkeypatch, capsys) -> None:
     monkeypatch.setenv("EBPLUS_ADMIN_TOKEN", TOKEN)
     asyncio.run(actor.set_override("r0", k=7))
-    snap = asyncio.run(actor.snapshot())
+    snap = json.loads(asyncio.run(actor.snapshot()))
     code, out, err = run(["status", "--url", url], capsys)
     assert code == 0, err
     lines = out.splitlines()
@@ -102,7 +103,7 @@ def test_table_shows_what_the_controller_holds(url: str, actor, monkeypatch, cap
     fleet = next(line for line in lines if line.startswith("fleet:"))
     for value in (f"p0 {est['p0']:.3g}", f"eta {est['eta']:.3g}", f"mu_L {est['mu_l']:.1f}", f"mu_O {est['mu_o']:.1f}"):
         assert value in fleet
-    assert f"({est['n_samples']} samples, {snap['updates']} updates)" in fleet
+    assert f"({est['n_samples']} samples, {snap['updates']} updates, {snap['completions']} completions)" in fleet
 
 
 def test_json_output(url: str, monkeypatch, capsys) -> None:
@@ -110,7 +111,7 @@ def test_json_output(url: str, monkeypatch, capsys) -> None:
     code, out, _ = run(["status", "--url", url, "--json"], capsys)
     data = json.loads(out)
     assert code == 0 and data["models"] == ["m"] and "r0" in data["thresholds"]["replicas"]
-    assert data["estimates"]["fleet"]["p0"] > 0 and data["problems"] == []
+    assert data["estimates"]["fleet"]["estimate"]["p0"] > 0 and data["problems"] == []
 
 
 @pytest.mark.parametrize(("token", "needle"), [(None, "an admin token is required"), ("wrong", "token was refused")])
@@ -132,21 +133,21 @@ def test_token_from_another_env_var(url: str, monkeypatch, capsys) -> None:
 def test_api_key_for_v1(actor, monkeypatch, capsys) -> None:
     monkeypatch.setenv("EBPLUS_ADMIN_TOKEN", TOKEN)
     monkeypatch.delenv("EBPLUS_API_KEY", raising=False)
-    with serving(make_app(admin.LocalControllerClient(actor), api_key="k3y")) as base:
+    with serving(make_app(ControllerClient(LocalTransport(actor)), api_key="k3y")) as base:
         code, _, err = run(["status", "--url", base], capsys)
         assert code == 2 and "needs an API key: none given" in err and "EBPLUS_API_KEY" in err
         monkeypatch.setenv("EBPLUS_API_KEY", "k3y")
         assert run(["status", "--url", base, "--expect-model", "m"], capsys)[0] == 0
 
 
-class DeadClient:
+class DeadTransport:
     async def call(self, method: str, *args, **kwargs):
-        raise admin.ControllerUnavailable("gone")
+        raise ControllerUnavailable("gone")
 
 
 def test_controller_down_is_degraded_exit_1(monkeypatch, capsys) -> None:
     monkeypatch.setenv("EBPLUS_ADMIN_TOKEN", TOKEN)
-    with serving(make_app(DeadClient())) as base:
+    with serving(make_app(ControllerClient(DeadTransport()))) as base:
         code, out, _ = run(["status", "--url", base], capsys)
     assert code == 1
     assert "controller DOWN" in out.splitlines()[0]
@@ -180,8 +181,8 @@ def test_render_before_any_replica_registered() -> None:
     status = Status(
         url="http://x", health={"status": "ok", "controller": True, "version": 0}, models=["m"],
         thresholds={"version": 0, "replicas": {}, "overrides": {}},
-        estimates={"fleet": {"p0": None, "eta": None, "mu_l": None, "mu_o": None, "n_samples": None, "updates": 0}},
+        estimates={"fleet": {"estimate": None, "first_estimate": None, "updates": 0, "completions": 0}},
     )  # fmt: skip
     text = render(status)
     assert "no replicas have registered with the controller yet" in text
-    assert "fleet:  p0 -  eta -  mu_L -  mu_O -   (- samples, 0 updates)" in text
+    assert "fleet:  p0 -  eta -  mu_L -  mu_O -   (- samples, 0 updates, 0 completions)" in text
