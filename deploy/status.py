@@ -219,7 +219,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser(
         "status",
         help="show a running deployment's thresholds and estimates",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        description=" ".join(__doc__.split("\n\n")[1].replace("``", "").split()),
     )
     s.add_argument("--url", default=DEFAULT_URL, help=f"the deployment's HTTP address (default {DEFAULT_URL})")
     s.add_argument("--token-env", default="EBPLUS_ADMIN_TOKEN", metavar="NAME", help="env var holding the admin token")
