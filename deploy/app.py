@@ -112,6 +112,9 @@ def build(cfg: ServeConfig, model_source: str | None = None):
     from ebplus.deploy.ingress import EBPlusIngress, ingress_class
     from ebplus.replicas.server import EBPlusServer
 
+    # NOTE: to_model_metadata (the /v1/models card of an LLMConfig) is private in ray 2.60: the public
+    # ray.serve.llm.build_openai_app calls it internally but cannot bind our replica settings or ingress.
+
     start_controller_for(cfg)
     llm = llm_config(cfg, model_source or model_path(cfg))
     replicas = build_llm_deployment(

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
+import subprocess
 import sys
 import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ebplus.deploy.config import ConfigError, ServeConfig, load_config
+from ebplus.errors import CommandError
+
+#: Default limit for the application to reach RUNNING (``--deploy-timeout``): a first start
+#: may download a model from the Hub and compile CUDA graphs; on a CPU it takes a minute or two.
+DEPLOY_TIMEOUT_S = 1200.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=None, help="override http.port")
     s.add_argument("--host", default=None, help="override http.host")
     s.add_argument("--check", action="store_true", help="validate the config and exit")
+    s.add_argument(
+        "--deploy-timeout",
+        type=float,
+        default=DEPLOY_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up (exit 2, naming the logs and the last error) if the application is not running after "
+        f"this long; 0 waits forever (default {DEPLOY_TIMEOUT_S:.0f})",
+    )
     s.set_defaults(run=run_serve)
 
     b = sub.add_parser(
@@ -38,11 +53,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.set_defaults(run=run_build_model)
 
 
+@contextlib.contextmanager
+def building(what: str) -> Iterator[None]:
+    """Turn a model build's expected failures (download, checksum, conversion) into one-line errors."""
+    try:
+        yield
+    except subprocess.CalledProcessError as exc:
+        command = " ".join(map(str, exc.cmd[:4]))
+        raise CommandError(f"{what}: `{command} ...` failed with exit code {exc.returncode}") from None
+    except RuntimeError as exc:
+        raise CommandError(f"{what}: {exc}") from None
+
+
 def run_build_model(args: argparse.Namespace) -> int:
     from ebplus.deploy import models
 
     builder = {"smollm2": models.build_smollm2, "tiny": models.build_tiny_llama}[args.name]
-    path = builder(args.cache_dir.expanduser().resolve(), log=lambda msg: print(f"[build-model] {msg}", flush=True))
+    with building(f"building model {args.name}"):
+        path = builder(args.cache_dir.expanduser().resolve(), log=lambda msg: print(f"[build-model] {msg}", flush=True))
     print(path)
     return 0
 
@@ -76,29 +104,42 @@ def banner(cfg: ServeConfig, ray_address: str | None = None) -> str:
     )
 
 
-def start_ray(cfg: ServeConfig, attempts: int = 3) -> None:
-    """Join ``ray.address`` or start a local Ray; retried because Ray gives a new
-    node only 30 s to register, which a loaded 2-core machine can miss."""
+def start_ray(cfg: ServeConfig, attempts: int = 3) -> Path:
+    """Join ``ray.address`` or start a local Ray and return the session directory (logs);
+    retried because Ray gives a new node only 30 s to register, which a loaded 2-core
+    machine can miss."""
     import ray
+
+    from ebplus.deploy.progress import DEFAULT_SESSION_DIR
 
     for attempt in range(1, attempts + 1):
         try:
             if cfg.ray.address:
-                ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, log_to_driver=False)
+                context = ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, log_to_driver=False)
             else:
-                ray.init(
+                context = ray.init(
                     num_cpus=cfg.ray.num_cpus,
                     namespace=cfg.ray.namespace,
                     include_dashboard=False,
                     log_to_driver=False,
                     _metrics_export_port=cfg.ray.metrics_export_port,
                 )
-            return
+            return Path(context.address_info.get("session_dir") or DEFAULT_SESSION_DIR)
         except Exception as exc:  # Ray raises a bare Exception for a slow node start
-            if attempt == attempts or "timed out during startup" not in str(exc):
+            if "timed out during startup" not in str(exc):
                 raise
+            if attempt == attempts:
+                raise CommandError(
+                    f"Ray did not start in {attempts} attempts ({exc}); a loaded machine? Ray's logs: "
+                    f"{DEFAULT_SESSION_DIR / 'logs'}"
+                ) from None
             print(f"[serve] Ray start timed out ({exc}); retrying ({attempt}/{attempts - 1})", flush=True)
             ray.shutdown()
+    raise AssertionError("unreachable")
+
+
+def say(message: str) -> None:
+    print(f"[serve] {message}", flush=True)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -110,11 +151,21 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.check:
         print(f"{args.config}: ok")
         return 0
+    if args.deploy_timeout < 0:
+        raise CommandError(f"--deploy-timeout must be >= 0 seconds, got {args.deploy_timeout:g}")
+
+    from ebplus.deploy.environment import vllm_build_conflict
+
+    conflict = vllm_build_conflict()
+    if conflict:
+        raise CommandError(conflict)
 
     from ebplus.deploy.app import APP_NAME, build, model_path
+    from ebplus.deploy.progress import DeployError, wait_until_running
 
-    print(f"[serve] model {cfg.model.source} ...", flush=True)
-    source = model_path(cfg, build=True)
+    say(f"model {cfg.model.source} ...")
+    with building(f"model.source {cfg.model.source}"):
+        source = model_path(cfg, build=True)
 
     import ray
     from ray import serve
@@ -123,23 +174,37 @@ def run_serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
-    print("[serve] starting Ray ...", flush=True)
-    start_ray(cfg)
+    say("starting Ray ...")
+    session_dir = start_ray(cfg)
+    say(f"Ray is up; its logs: {session_dir / 'logs'} (Serve and replicas: {session_dir / 'logs' / 'serve'})")
     try:
         serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
-        print("[serve] deploying (engine start-up takes a minute on CPU) ...", flush=True)
-        started = time.monotonic()
-        serve.run(build(cfg, model_source=source), name=APP_NAME, route_prefix="/", blocking=False)
-        print(f"[serve] deployed in {time.monotonic() - started:.0f} s", flush=True)
-        print(banner(cfg, ray.get_runtime_context().gcs_address), flush=True)
+        limit = f"limit {args.deploy_timeout:.0f} s, --deploy-timeout" if args.deploy_timeout else "no time limit"
+        say(
+            f"deploying {cfg.replicas.num_replicas} replica(s) of {cfg.model.id!r}: the engine start takes a minute "
+            f"or more on CPU, longer for a large model ({limit})"
+        )
+        app = serve.RunTarget(build(cfg, model_source=source), name=APP_NAME, route_prefix="/")
+        serve.run_many([app], wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+        try:
+            took = wait_until_running(
+                serve.status, APP_NAME, args.deploy_timeout, session_dir, say, cancelled=stop.is_set
+            )
+        except DeployError as exc:
+            for line in exc.details:
+                print(f"[serve] {line}", file=sys.stderr, flush=True)
+            raise CommandError(exc.summary) from None
+        if not stop.is_set():
+            say(f"deployed in {took:.0f} s")
+            print(banner(cfg, ray.get_runtime_context().gcs_address), flush=True)
         while not stop.wait(1.0):
             pass
-        print("[serve] shutting down ...", flush=True)
+        say("shutting down ...")
     finally:
         if cfg.ray.address:
             serve.delete(APP_NAME)  # a shared cluster keeps its other apps
         else:
             serve.shutdown()
         ray.shutdown()
-    print("[serve] stopped", flush=True)
+    say("stopped")
     return 0

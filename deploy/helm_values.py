@@ -82,7 +82,12 @@ class WorkerGroup(_PodGroup):
     replicas: int = Field(1, ge=0, description="Worker pods (nodes) in the group.")
     minReplicas: int | None = Field(None, ge=0, description="Autoscaling lower bound; default: replicas.")
     maxReplicas: int | None = Field(None, ge=0, description="Autoscaling upper bound; default: replicas.")
-    gpus: int = Field(1, ge=0, description="GPUs per worker pod (one EB+ replica per GPU).")
+    gpus: int = Field(
+        1,
+        ge=0,
+        description="GPUs per worker pod: one EB+ replica per tensor_parallel_size GPUs (config.engine.extra), "
+        "so a multiple of it.",
+    )
     gpuResource: str = Field("nvidia.com/gpu", min_length=1, description="Extended resource name of the GPU.")
     gpuType: str = Field(
         "",
@@ -125,13 +130,17 @@ class ServeService(_Values):
 
 
 class MonitorToggle(_Values):
-    enabled: bool = Field(True, description="Render this monitor.")
+    enabled: bool = Field(True, description="Render this object.")
 
 
 class Monitoring(_Values):
-    """Prometheus Operator scrape objects (needs its CRDs in the cluster)."""
+    """Prometheus Operator objects, rendered only where the cluster serves monitoring.coreos.com/v1."""
 
-    enabled: bool = Field(True, description="Render ServiceMonitor/PodMonitor objects.")
+    enabled: bool = Field(
+        True,
+        description="Render ServiceMonitor/PodMonitor/PrometheusRule objects when the cluster has the "
+        "Prometheus Operator's API (monitoring.coreos.com/v1).",
+    )
     interval: str = Field("15s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape interval.")
     labels: dict[str, str] = Field(
         default_factory=dict,
@@ -144,17 +153,35 @@ class Monitoring(_Values):
         default_factory=MonitorToggle,
         description="PodMonitor for Ray's metrics export port on every Ray pod (ray_vllm_*, ray_serve_*).",
     )
+    prometheusRule: MonitorToggle = Field(
+        default_factory=MonitorToggle,
+        description="PrometheusRule with the EB+ alerts (helm/ebplus/rules/ebplus-alerts.yaml).",
+    )
 
 
 class Dashboards(_Values):
     """Grafana dashboards as ConfigMaps, picked up by the Grafana sidecar."""
 
-    enabled: bool = Field(True, description="Render the dashboards ConfigMap.")
+    enabled: bool = Field(
+        True, description="Render the dashboards ConfigMap (where the cluster has monitoring.coreos.com/v1)."
+    )
     label: str = Field("grafana_dashboard", min_length=1, description="Label the Grafana sidecar watches.")
     labelValue: str = Field("1", description="Value of that label.")
     namespace: str = Field("", description="Namespace of the ConfigMap; empty: the release namespace.")
     annotations: dict[str, str] = Field(
         default_factory=dict, description="ConfigMap annotations, e.g. {grafana_folder: EB+}."
+    )
+
+
+class HelmTest(_Values):
+    """The `helm test` hook: a pod that runs `ebplus status` against the release's Serve Service."""
+
+    enabled: bool = Field(True, description="Render the test pod (it runs only on `helm test`).")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(
+            requests={"cpu": "100m", "memory": "256Mi"}, limits={"cpu": "1", "memory": "1Gi"}
+        ),
+        description="Resources of the test pod.",
     )
 
 
@@ -194,6 +221,13 @@ class ChartValues(_Values):
     service: ServeService = Field(default_factory=ServeService, description="The Serve HTTP Service.")
     monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus scraping.")
     dashboards: Dashboards = Field(default_factory=Dashboards, description="Grafana dashboards.")
+    helmTest: HelmTest = Field(default_factory=HelmTest, description="The `helm test` pod.")
+    global_: dict[str, Any] = Field(
+        default_factory=dict,
+        alias="global",
+        description="Helm's global values, shared by a parent chart with its subcharts; this chart reads none "
+        "of them, but accepts them so that it can be a dependency.",
+    )
 
 
 def _strip_titles(node: Any, in_properties: bool = False) -> Any:

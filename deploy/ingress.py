@@ -17,9 +17,20 @@ from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from ray.exceptions import RayActorError
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ErrorInfo, ErrorResponse
-from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, OpenAiIngress, init, make_fastapi_ingress
+
+# NOTE: Ray Serve LLM's public API (ray.serve.llm) where it has the name; private modules only for
+# what it does not export (pinned ray==2.60.0):
+# * ChatCompletionRequest: the public class is a subclass of this one, but the stock ingress parses
+#   request bodies into this one, so only it serves for isinstance();
+# * DEFAULT_ENDPOINTS, init(): the stock route table (we keep its text routes) and the FastAPI app
+#   with Ray's OpenAI error handling and request-id middleware, which make_fastapi_ingress uses;
+# * _sanitize_chat_completion_request: the stock ingress' own pre-processing, run early to turn a
+#   500 into a 400.
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, init
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
+from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
+from ray.serve.llm.openai_api_models import ErrorResponse
 
 from ebplus.controller.actor import RayTransport
 from ebplus.controller.client import ControllerClient
@@ -72,20 +83,19 @@ class EBPlusIngress(OpenAiIngress):
         """
         problem = _chat_body_problem(kwargs.get("body"))
         if problem is not None:
-            yield ErrorResponse(error=ErrorInfo(message=problem, type="BadRequestError", code=400))
+            yield _error(problem, "BadRequestError", 400)
             return
         try:
             async for response in super()._get_response(**kwargs):
                 yield response
         except RayActorError as exc:
             logger.warning("replica failed under a request: %s", str(exc).splitlines()[0])
-            yield ErrorResponse(
-                error=ErrorInfo(
-                    message="the model replica serving this request failed; retry the request",
-                    type="ServiceUnavailable",
-                    code=503,
-                )
-            )
+            yield _error("the model replica serving this request failed; retry the request", "ServiceUnavailable", 503)
+
+
+def _error(message: str, kind: str, code: int) -> ErrorResponse:
+    """An OpenAI error the stock ingress answers as is (its ``error`` validates into Ray's ErrorInfo)."""
+    return ErrorResponse(error={"message": message, "type": kind, "code": code})
 
 
 def _chat_body_problem(body: Any) -> str | None:

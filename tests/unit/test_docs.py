@@ -180,6 +180,7 @@ def chart_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
 
     paths = set()
     for name, info in model.model_fields.items():
+        name = info.alias or name  # the key as written in values (`global`)
         ann, suffix = info.annotation, ""
         if getattr(ann, "__origin__", None) is list and isinstance(ann.__args__[0], type):
             ann, suffix = ann.__args__[0], "[]"

