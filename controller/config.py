@@ -56,6 +56,42 @@ class LoopConfig(BaseModel):
     )
 
 
+class SloConfig(BaseModel):
+    """Latency targets of the EB+ decision (``controller.planner.slo``): k, the prefill-run bound and EB vs MB.
+
+    Throughput is flat in k over a wide range while latency is not: k is chosen among the
+    thresholds whose predicted throughput is within ``tolerance`` of the best, as the one
+    meeting these targets with the most margin (no targets: the smallest stall). A mode
+    predicted to miss a target loses to one predicted to meet them all.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_p99_s: float | None = Field(None, gt=0, description="Target p99 time to first token (s); null: none.")
+    itl_p99_s: float | None = Field(None, gt=0, description="Target p99 inter-token latency (s); null: none.")
+    max_stall_s: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Longest a running request may wait between two tokens (s): bounds EB's prefill runs (decode steps are "
+            "interleaved into longer prefill phases); null: none."
+        ),
+    )
+    tolerance: float = Field(
+        0.01,
+        ge=0,
+        lt=1,
+        description=(
+            "Throughput EB+ may give up for latency: k is picked among the thresholds predicted within this fraction "
+            "of the best. 0 with no targets keeps the throughput-optimal k* = theta* x N."
+        ),
+    )
+
+    @property
+    def targets(self) -> bool:
+        return any(t is not None for t in (self.ttft_p99_s, self.itl_p99_s, self.max_stall_s))
+
+
 class PlannerConfig(BaseModel):
     """Tuning of the online EB+ decision (defaults follow the seed authors unless noted)."""
 
@@ -191,6 +227,7 @@ class PlannerConfig(BaseModel):
     )
 
     loop: LoopConfig = Field(default_factory=LoopConfig, description="The closed loop of the EB/MB choice.")
+    slo: SloConfig = Field(default_factory=SloConfig, description="Latency targets: the choice of k and of the mode.")
 
     @model_validator(mode="after")
     def _theta_bounds(self) -> PlannerConfig:

@@ -17,7 +17,10 @@ and compared with their measured seconds::
 
 A bias of 1.0 means the model prices that mode's steps right; 1.15 means the mode
 really takes 15% longer than predicted, whatever the cause. The planner multiplies
-each mode's predicted seconds per token by its bias before comparing them. Why
+MB's predicted seconds per token by its bias before comparing the modes. EB's excess
+is charged per prefill phase instead (``excess_per_phase``): a cost paid once a cycle
+weighs less as k grows, so charging it per cycle also moves EB's threshold (theta*
+sees it as part of the phase's fixed cost) where a flat factor could not. Why
 step-level and not requests/s: the ratio compares the same steps, so it needs no
 "comparable load" (a mode measured at another concurrency still says how far the
 model is off for it), and it is not distorted by where an EB cycle starts or ends
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ebplus.controller.cost_model import CostModel
+from ebplus.controller.latency import Latency
 from ebplus.controller.messages import Mode, StepRecord
 
 #: Columns of a ledger row: prefill tokens, decode tokens, KV read, seconds, running, starts a prefill phase.
@@ -74,6 +78,12 @@ class ModeMeasurement:
     running: float  # time-weighted mean of running requests over the steps
     plan: int  # the planner's plan count when the last of these steps arrived
     point: OperatingPoint  # where they were measured (mean lengths 0: before any estimate)
+    phases: int = 0  # prefill phases the steps hold (EB's cycles)
+
+    @property
+    def excess_per_phase(self) -> float:
+        """Measured minus model seconds per prefill phase: EB's cost beyond its steps (e.g. switching)."""
+        return (self.seconds - self.model_seconds) / self.phases if self.phases else 0.0
 
     @property
     def bias(self) -> float:
@@ -176,7 +186,7 @@ class ModeEvidence:
         ledger = self._ledgers.get(mode)
         if ledger is None or not self._enough(mode, ledger):
             return None
-        prefill, decode, kv, seconds, running, _ = ledger.view().T
+        prefill, decode, kv, seconds, running, starts = ledger.view().T
         model = cost.steps_seconds(prefill, decode, kv)
         total = float(seconds.sum())
         mean_running = float(np.average(running, weights=seconds)) if total > 0 else 0.0
@@ -191,6 +201,7 @@ class ModeEvidence:
             running=mean_running,
             plan=ledger.plan,
             point=point,
+            phases=int(starts.sum()),
         )
 
     def measure_all(self, cost: CostModel) -> dict[Mode, ModeMeasurement]:
@@ -212,6 +223,8 @@ class ModeCheck:
     corrected: float  # predicted x bias: what the decision compares
     measured: ModeMeasurement | None
     stale: bool = False  # measured at another operating point (see LoopConfig.explore_reset)
+    latency: Latency | None = None  # predicted (with the measured correction); None without SLO targets
+    meets: bool | None = None  # the SLO targets (None: no targets)
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,9 @@ class ThresholdUpdate(Message, frozen=True):
     ``MB`` (the choice it would make is in the admin API), otherwise implied by
     ``mode``. ``n`` caps concurrently running requests; ``k`` is the EB threshold
     (prefill once ``k`` requests can be admitted). ``version`` increases with each
-    controller decision so replicas can report which one they run.
+    controller decision so replicas can report which one they run. ``prefill_steps``
+    bounds an EB prefill phase's runs so running requests do not stall past a latency
+    target (see ``replicas/phases.py``).
     """
 
     mode: Mode
@@ -125,6 +127,7 @@ class ThresholdUpdate(Message, frozen=True):
     n: int
     version: int = 0
     active: Mode = Mode.MB
+    prefill_steps: int = 0  # EB: decode steps are interleaved after this many prefill steps in a row (0: never)
 
     def __post_init__(self) -> None:
         # NOTE: msgspec turns a ValueError here into a ValidationError when decoding.
@@ -138,6 +141,8 @@ class ThresholdUpdate(Message, frozen=True):
             raise ValueError(f"k must be an integer in [1, n={self.n}], got {self.k!r}")
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
             raise ValueError(f"version must be an integer >= 0, got {self.version!r}")
+        if isinstance(self.prefill_steps, bool) or not isinstance(self.prefill_steps, int) or self.prefill_steps < 0:
+            raise ValueError(f"prefill_steps must be an integer >= 0, got {self.prefill_steps!r}")
         if self.active not in (Mode.MB, Mode.EB):
             raise ValueError(f"active must be 'mb' or 'eb', got {self.active.value!r}")
         implied = {Mode.MB: Mode.MB, Mode.EB: Mode.EB, Mode.V0: Mode.EB, Mode.SHADOW: Mode.MB}.get(self.mode)

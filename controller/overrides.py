@@ -46,7 +46,7 @@ class Override:
         n = self.n or base.n
         k = min(self.k if self.k is not None else base.k, n)
         active = base.active if mode in (Mode.AUTO, Mode.SHADOW) else mode
-        return ThresholdUpdate(mode=mode, k=k, n=n, version=base.version, active=active)
+        return base.replace(mode=mode, k=k, n=n, active=active)
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ Definitions used here:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from ebplus.controller import theory
+from ebplus.controller import latency, theory
 from ebplus.controller.config import PlannerConfig
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import Estimate
@@ -45,9 +46,11 @@ class Thresholds:
     n_obs: float
     n_eb: int
     k: int
+    k_throughput: int = 0  # theta x N, before the latency rule (0: not applied)
+    prefill_steps: int = 0  # the bound on EB's prefill runs (0: none)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan(Thresholds):
     """One decision with everything that produced it (shown by the admin API)."""
 
@@ -58,6 +61,7 @@ class Plan(Thresholds):
     kv_scale: float = 1.0  # fraction of the KV capacity N* was sized for (preemption feedback)
     sizing: str = ""  # where k and N came from (reason is the EB/MB decision's)
     judgement: Judgement | None = None  # both modes, predicted and as measured (the closed loop)
+    k_choice: latency.KChoice | None = None  # the latency rule's pick of k (None: k = theta x N)
 
 
 @dataclass
@@ -138,15 +142,19 @@ class ThresholdPlanner:
         shared = max(0.0, estimate.mu_l_prompt - estimate.mu_l)
         kv_tokens = max(1.0, kv_capacity_tokens * st.kv_scale - shared)
         n_prev = st.n_cap
-        th = self._thresholds(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled)
+        cycle_s = self._cycle_cost(measured.get(Mode.EB), cost)
+        th = self._thresholds(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled, cycle_s=cycle_s)
+        k_choice = self._choose_k(estimate, cost, th, cycle_s)
+        if k_choice is not None:
+            th = dataclasses.replace(th, k=k_choice.k, k_throughput=th.k, prefill_steps=k_choice.prefill_steps)
         active, switched, xo, reason, judgement = self._choose_mode(
-            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled
+            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice
         )
         st.theta, st.n_cap, st.plans, st.context = th.theta, th.n_cap, st.plans + 1, context
         sizing = self._explain(estimate, th, kv_tokens, n_prev, settled)
         self.last = Plan(
             **vars(th), active=active, switched=switched, crossover=xo, reason=reason, kv_scale=st.kv_scale,
-            sizing=sizing, judgement=judgement,
+            sizing=sizing, judgement=judgement, k_choice=k_choice,
         )  # fmt: skip
         return self.last
 
@@ -164,8 +172,11 @@ class ThresholdPlanner:
                 if settled
                 else f"held: estimate moving (N* {n_star})"
             )
+        k_part = f"k {th.k} = theta {th.theta:.3f} x N {th.n_eb}"
+        if th.k_throughput:
+            k_part = f"k {th.k} by latency (theta {th.theta:.3f} x N {th.n_eb} = {th.k_throughput})"
         return (
-            f"k {th.k} = theta {th.theta:.3f} x N {th.n_eb} (theta* {th.theta_star:.3f} from p0 {estimate.p0:.3g}, "
+            f"{k_part} (theta* {th.theta_star:.3f} from p0 {estimate.p0:.3g}, "
             f"eta {estimate.eta:.2g}: {estimate.method}); N {th.n_cap} = {how} for {kv_tokens:.0f} KV tokens, "
             f"{estimate.mu_l:.0f} prompt + {estimate.mean_age:.0f} mean-age tokens a slot (mu_o {estimate.mu_o:.0f}, "
             f"{estimate.model})"
@@ -180,18 +191,21 @@ class ThresholdPlanner:
         n_prev: int | None,
         theta_prev: float | None,
         may_grow: bool = True,
+        cycle_s: float = 0.0,
     ) -> Thresholds:
         """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's.
 
         N shrinks to N* at once; it grows toward N* by at most ``n_growth`` per plan,
-        and only when ``may_grow`` (the estimate has settled, see ``n_settle``).
+        and only when ``may_grow`` (the estimate has settled, see ``n_settle``). ``cycle_s``,
+        EB's measured cost per cycle beyond its steps, is part of a prefill phase's fixed cost
+        in theta*.
         """
         cfg = self.config
         n_prev = n_prev or cfg.max_num_seqs
         ts = theory.theta_star(
             estimate.p0,
             estimate.eta,
-            cost.alpha_p,
+            cost.alpha_p + cycle_s,
             cost.alpha_d,
             cost.beta_d,
             n_prev,
@@ -212,6 +226,22 @@ class ThresholdPlanner:
         n_eb = max(2, min(n_cap, math.ceil(n_obs_f)))
         k = min(theory.k_star(theta, n_eb), n_eb - 1)
         return Thresholds(ts.theta0, ts.delta_theta, ts.theta_star, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k)
+
+    def _cycle_cost(self, eb: ModeMeasurement | None, cost: CostModel) -> float:
+        """EB's measured seconds per cycle beyond what its steps cost in the model (never below -alpha_p / 2)."""
+        if eb is None or eb.phases < self.config.loop.min_phases:
+            return 0.0
+        return max(eb.excess_per_phase, -0.5 * cost.alpha_p)
+
+    def _choose_k(self, estimate: Estimate, cost: CostModel, th: Thresholds, cycle_s: float) -> latency.KChoice | None:
+        """The latency rule (``config.slo``); ``None`` keeps k = theta x N (tolerance 0, no targets)."""
+        slo = self.config.slo
+        if slo.tolerance <= 0 and not slo.targets:
+            return None
+        queue = max(0.0, th.n_obs - th.n_cap)
+        return latency.choose_k(
+            th.k, th.n_eb, cost, estimate.mu_l, estimate.mu_o, self.config.max_num_batched_tokens, slo, cycle_s, queue
+        )
 
     def cold_cap(self, kv_capacity_tokens: float, mu_l: float, mu_o: float) -> int | None:
         """Before the first estimate: cap N at the N* of a cold guess of the workload, once.
@@ -270,8 +300,10 @@ class ThresholdPlanner:
         measured: dict[Mode, ModeMeasurement],
         evidence: ModeEvidence | None,
         explore: bool,
+        cycle_s: float = 0.0,
+        k_choice: latency.KChoice | None = None,
     ) -> tuple[Mode, bool, theory.Crossover | None, str, Judgement | None]:
-        """The EB/MB choice: the model's two predictions, each corrected by its mode's measured bias.
+        """The EB/MB choice: the model's two predictions, each corrected by what its mode measured.
 
         Hysteresis (``delta``, ``delta_rel``, ``sticky_eb``) and a cooldown keep the
         choice from flapping on noise; an exploration runs the other mode until it has
@@ -291,7 +323,7 @@ class ThresholdPlanner:
                 )
             return st.active, False, None, f"hold: concurrency {th.n_obs:.1f} < {cfg.min_concurrency:g}", None
         xo = self._crossover(estimate, cost, th.k, th.n_eb)
-        j = self._judge(xo, measured, estimate, th.n_obs)
+        j = self._judge(xo, measured, estimate, cost, th, cycle_s, k_choice)
         if st.exploring is not None:
             return self._explore_step(j, xo, evidence, th.n_obs)
         ref = st.n_obs_at_switch
@@ -309,7 +341,11 @@ class ThresholdPlanner:
         return target, True, xo, f"switch to {target.value}: margin {j.margin:.3g} s/token" + self._biases(j), j
 
     def _rule(self, j: Judgement, active: Mode) -> Mode | None:
-        """The other mode if it wins by the hysteresis band, else ``None``."""
+        """The other mode if it wins, else ``None``: the one mode predicted to meet the SLO targets,
+        or, where both or neither do, the faster by more than the hysteresis band."""
+        if j.eb.meets is not None and j.eb.meets != j.mb.meets:
+            feasible = Mode.EB if j.eb.meets else Mode.MB
+            return None if feasible is active else feasible
         band = self._band(j, active)
         if active is Mode.EB and j.margin > self.config.sticky_eb * band:
             return Mode.MB
@@ -318,18 +354,41 @@ class ThresholdPlanner:
         return None
 
     def _judge(
-        self, xo: theory.Crossover, measured: dict[Mode, ModeMeasurement], estimate: Estimate, n_obs: float
+        self,
+        xo: theory.Crossover,
+        measured: dict[Mode, ModeMeasurement],
+        estimate: Estimate,
+        cost: CostModel,
+        th: Thresholds,
+        cycle_s: float,
+        k_choice: latency.KChoice | None,
     ) -> Judgement:
-        """Both modes' predictions with their measured biases (1.0 where a mode has no evidence)."""
-        loop = self.config.loop
+        """Both modes' predictions corrected by their evidence: EB's per-cycle excess, MB's bias (1.0 unmeasured).
+
+        With SLO targets each mode's latency is predicted too (MB's step times scaled by
+        its bias) and checked against them.
+        """
+        cfg = self.config
         here = measured.get(self.state.active)
-        point = OperatingPoint(here.running if here is not None else n_obs, estimate.mu_l, estimate.mu_o)
+        point = OperatingPoint(here.running if here is not None else th.n_obs, estimate.mu_l, estimate.mu_o)
+        budget, queue = cfg.max_num_batched_tokens, max(0.0, th.n_obs - th.n_cap)
+        args = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, estimate.mu_l, estimate.mu_o, budget, cycle_s)
+        t_eb = 1.0 / (theory.tp_eb(th.k, th.n_eb, *args) * (estimate.mu_l + estimate.mu_o))
+        eb_lat = mb_lat = None
+        if cfg.slo.targets:
+            eb_lat = k_choice.latency if k_choice is not None else None
+            mb_bias = measured[Mode.MB].bias if Mode.MB in measured else 1.0
+            mb_lat = latency.mb_latency(th.n_eb, cost, estimate.mu_l, estimate.mu_o, budget, queue)
+            mb_lat = latency.Latency(mb_lat.ttft_p99 * mb_bias, mb_lat.itl_p99 * mb_bias, mb_lat.stall * mb_bias)
         checks = {}
-        for mode, predicted in ((Mode.EB, xo.t_eb), (Mode.MB, xo.t_mb)):
+        for mode, predicted, corrected, lat in ((Mode.EB, xo.t_eb, t_eb, eb_lat), (Mode.MB, xo.t_mb, None, mb_lat)):
             m = measured.get(mode)
-            bias = 1.0 if m is None else m.bias
-            stale = m is not None and not m.point.near(point, loop.explore_reset)
-            checks[mode] = ModeCheck(mode, predicted, bias, predicted * bias, m, stale)
+            if corrected is None:
+                corrected = predicted * (1.0 if m is None else m.bias)
+            stale = m is not None and not m.point.near(point, cfg.loop.explore_reset)
+            margin = None if lat is None else lat.margin(cfg.slo)
+            meets = None if margin is None else margin >= 0
+            checks[mode] = ModeCheck(mode, predicted, corrected / predicted, corrected, m, stale, lat, meets)
         return Judgement.of_checks(checks[Mode.EB], checks[Mode.MB], self.state.exploring)
 
     @staticmethod
@@ -420,4 +479,6 @@ class ThresholdPlanner:
         if self.last is None:
             return self.cold_update(mode, version)
         plan = self.last
-        return ThresholdUpdate(mode=mode, k=plan.k, n=plan.n_cap, version=version, active=plan.active)
+        return ThresholdUpdate(
+            mode=mode, k=plan.k, n=plan.n_cap, version=version, active=plan.active, prefill_steps=plan.prefill_steps
+        )

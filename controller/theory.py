@@ -305,6 +305,7 @@ def tp_eb(
     mu_l: float,
     mu_o: float,
     budget: float | None = None,
+    cycle_s: float = 0.0,
 ) -> float:
     """EB(k) throughput in requests/s (fluid limit, seed §3.2.1).
 
@@ -314,7 +315,8 @@ def tp_eb(
     the same as Little's law ``k mu_d / (n - k/2)`` to second order in ``k/n`` for
     any length distribution. ``mu_d = mu_O - 1`` decode steps a request: its first
     token comes with its prefill step (vLLM, and the simulator). Without ``budget``
-    (and with ``mu_O`` for ``mu_d``) this is the paper's formula.
+    (and with ``mu_O`` for ``mu_d``) this is the paper's formula. ``cycle_s``: seconds a
+    cycle costs beyond its steps (a phase-switch cost the controller measured).
     """
     n = int_at_least("n", n, 2)
     k = int_at_least("k", k, 1)
@@ -328,7 +330,8 @@ def tp_eb(
     mu_o = _positive("mu_o", mu_o)
     mu_d = mu_o if budget is None else max(mu_o - 1.0, 1e-9)
     steps = _prefill_steps(k * mu_l, budget)
-    per_request = (steps * alpha_p - alpha_d * mu_d * math.log1p(-k / n)) / k + beta_p * mu_l + beta_d * mu_d
+    fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * math.log1p(-k / n)
+    per_request = fixed / k + beta_p * mu_l + beta_d * mu_d
     return 1.0 / per_request
 
 
@@ -339,6 +342,9 @@ class MixedSteps:
     tp: float  # requests/s
     share: float  # fraction of steps that carry prompt tokens (mixed steps)
     r: float  # decode share of a mixed step's tokens
+    prefill_steps: float = 1.0  # steps a prompt is chunked over
+    mixed_s: float = 0.0  # seconds of a mixed step
+    decode_s: float = 0.0  # seconds of a decode-only step
 
 
 def mb_steps(
@@ -383,8 +389,9 @@ def mb_steps(
     b = beta_mb(r, beta_mb_coeffs)
     if b < 0:
         raise ValueError(f"beta_mb(r={r:.3f}) must be >= 0, got {b:g}")
-    step = share * (alpha_mb + b * mixed_tokens) + (1.0 - share) * (alpha_d + beta_d * decodes)
-    return MixedSteps(tp=x / step, share=share, r=r)
+    mixed_s, decode_s = alpha_mb + b * mixed_tokens, alpha_d + beta_d * decodes
+    step = share * mixed_s + (1.0 - share) * decode_s
+    return MixedSteps(tp=x / step, share=share, r=r, prefill_steps=s_p, mixed_s=mixed_s, decode_s=decode_s)
 
 
 def tp_mb(

@@ -25,6 +25,10 @@ Policies:
   freed slots. Without it, the last requests of a burst (no more arrivals, so
   the queue never reaches ``k``) would wait until the whole batch finished -
   a stall of one full output length with most slots free.
+  With ``prefill_steps = L > 0`` a prefill phase longer than ``L`` steps (long
+  prompts chunked by the budget) runs one decode-only step after every ``L``
+  prefill steps, so no running request waits longer than ``L`` prefill steps for
+  its next token. The decode step is an ordinary one: outputs do not change.
 * ``V0``: EB with ``k = 1`` (prefill-first).
 * ``AUTO`` (EB+): ``EB`` or ``MB`` as the controller chose (``ThresholdUpdate.active``);
   ``SHADOW`` always runs ``MB`` (the controller's choice is only published).
@@ -114,6 +118,7 @@ class PhaseMachine:
         self._blocked_at: int | None = None  # running count when admission last failed
         self._last: StepPlan | None = None
         self._refilled_to: int | None = None  # running count when the last EB prefill phase ended
+        self._prefill_run = 0  # prefill steps in a row in the current phase (the prefill_steps bound)
 
     def apply(self, update: ThresholdUpdate) -> None:
         """Install new thresholds; they govern the next :meth:`decide`."""
@@ -131,7 +136,7 @@ class PhaseMachine:
             plan = self._mixed(view, 0 if blocked else room)
         else:
             kv_short = not view.head_fits and view.running > 0  # a completion will free blocks
-            plan = self._exclusive(view, room, blocked or kv_short, th.effective_k)
+            plan = self._exclusive(view, room, blocked or kv_short, th.effective_k, th.prefill_steps)
         self.stats.steps[plan.phase] += 1
         self._last = plan
         return plan
@@ -148,7 +153,7 @@ class PhaseMachine:
             phase = StepKind.IDLE
         return StepPlan(phase, decode=True, prefill=True, max_admit=room)
 
-    def _exclusive(self, view: EngineView, room: int, blocked: bool, k: int) -> StepPlan:
+    def _exclusive(self, view: EngineView, room: int, blocked: bool, k: int, bound: int = 0) -> StepPlan:
         admissible = 0 if blocked else min(view.waiting, room)
         freed = 0 if self._refilled_to is None else self._refilled_to - view.running
         if self.phase is StepKind.PREFILL:
@@ -158,7 +163,12 @@ class PhaseMachine:
         elif view.prefilling > 0 or admissible >= k or (admissible > 0 and (view.decoding == 0 or freed >= k)):
             self._switch(StepKind.PREFILL)
             self.stats.prefill_phases += 1
+            self._prefill_run = 0
         if self.phase is StepKind.PREFILL:
+            if 0 < bound <= self._prefill_run and view.decoding > 0:
+                self._prefill_run = 0  # the decoders' token, then the phase goes on
+                return StepPlan(StepKind.DECODE, decode=True, prefill=False, max_admit=0)
+            self._prefill_run += 1
             return StepPlan(StepKind.PREFILL, decode=False, prefill=True, max_admit=admissible)
         if view.decoding > 0:
             return StepPlan(StepKind.DECODE, decode=True, prefill=False, max_admit=0)

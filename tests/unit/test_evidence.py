@@ -102,23 +102,25 @@ def eb_favoured() -> CostModel:
     return COST.model_copy(update={"beta_mb": (4e-5, 1e-5, 5e-6)})
 
 
-def test_measured_eb_bias_overturns_the_models_choice() -> None:
-    """The model prefers EB by ~45%; EB's steps measure 60% slower than it says: MB wins once corrected."""
+def test_a_measured_switch_cost_overturns_the_models_choice() -> None:
+    """The model prefers EB at 32 running requests; EB's cycles measure 20 ms more than their steps
+    (a phase-switch cost the step model lacks): charged per cycle, MB wins once corrected."""
     ev = ModeEvidence()
-    ev.observe(Mode.MB, mb_steps(200, cost=eb_favoured()), plan=0)
+    ev.observe(Mode.MB, mb_steps(200, n=32, cost=eb_favoured()), plan=0)
     p = planner()
-    first = p.plan(estimate(), eb_favoured(), 10**9, 600, evidence=ev)
+    first = p.plan(estimate(), eb_favoured(), 10**9, 32, evidence=ev)
     assert first.active is Mode.EB and first.crossover.winner.value == "EB"
-    ev.observe(Mode.EB, eb_steps(40, scale=1.6), plan=1)
-    after = p.plan(estimate(), eb_favoured(), 10**9, 600, evidence=ev)
+    ev.observe(Mode.EB, eb_steps(40, switch_s=0.01, n=32), plan=1)  # paid twice a cycle
+    after = p.plan(estimate(), eb_favoured(), 10**9, 32, evidence=ev)
     assert after.active is Mode.MB and after.switched
-    assert after.judgement.eb.bias == pytest.approx(1.6) and after.judgement.mb.bias == pytest.approx(1.0)
-    assert after.judgement.eb.corrected == pytest.approx(after.judgement.eb.predicted * 1.6)
-    assert "measured bias eb x1.600" in after.reason
+    eb, mb = after.judgement.eb, after.judgement.mb
+    assert eb.measured.excess_per_phase == pytest.approx(0.02) and mb.bias == pytest.approx(1.0)
+    assert eb.corrected > eb.predicted and f"measured bias eb x{eb.bias:.3f}" in after.reason
+    assert after.k > first.k  # a cost paid once a cycle moves theta* up: fewer, longer cycles
     # the open loop keeps trusting the model
     p_open = planner(enabled=False)
-    p_open.plan(estimate(), eb_favoured(), 10**9, 600, evidence=ev)
-    assert p_open.plan(estimate(), eb_favoured(), 10**9, 600, evidence=ev).active is Mode.EB
+    p_open.plan(estimate(), eb_favoured(), 10**9, 32, evidence=ev)
+    assert p_open.plan(estimate(), eb_favoured(), 10**9, 32, evidence=ev).active is Mode.EB
 
 
 def test_a_thin_margin_and_no_evidence_explore_the_other_mode_once() -> None:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from ebplus.controller import theory
-from ebplus.controller.config import PlannerConfig
+from ebplus.controller.config import PlannerConfig, SloConfig
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import Estimate
 from ebplus.controller.messages import Mode
@@ -44,8 +44,12 @@ def test_cold_update_is_mb_with_cold_theta() -> None:
     assert (u.active, u.k, u.n, u.version) == (Mode.MB, 100, 1000, 0)
 
 
+#: The throughput-optimal k = theta* x N, without the latency rule.
+THROUGHPUT_K = SloConfig(tolerance=0.0)
+
+
 def test_first_plan_uses_closed_forms() -> None:
-    cfg = PlannerConfig(max_num_seqs=1024)
+    cfg = PlannerConfig(max_num_seqs=1024, slo=THROUGHPUT_K)
     p = ThresholdPlanner(cfg)
     plan = p.plan(estimate(), H200, kv_capacity_tokens=10**9, n_obs=5000)
     t0 = theory.theta0(1 / 256, H200.alpha_p, H200.alpha_d)
@@ -57,9 +61,11 @@ def test_first_plan_uses_closed_forms() -> None:
 
 
 def test_k_follows_observed_concurrency_below_cap() -> None:
-    p = ThresholdPlanner(PlannerConfig(max_num_seqs=1024))
+    p = ThresholdPlanner(PlannerConfig(max_num_seqs=1024, slo=THROUGHPUT_K))
     plan = p.plan(estimate(), H200, kv_capacity_tokens=10**9, n_obs=100)
     assert plan.n_eb == 100 and plan.k == theory.k_star(plan.theta, 100)
+    latency_aware = ThresholdPlanner(PlannerConfig(max_num_seqs=1024)).plan(estimate(), H200, 10**9, n_obs=100)
+    assert latency_aware.k_throughput == plan.k and latency_aware.k <= plan.k
 
 
 def test_theta_is_smoothed() -> None:
