@@ -6,6 +6,7 @@ without the engine model.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,6 +125,17 @@ class SimResult:
         """Attainment of ``targets`` and goodput (see :func:`ebplus.bench.sim_latency.slo_report`)."""
         ttft = self.first_token_s - self.arrival_s
         return slo_report(targets, ttft, self.stall_s, self.tpot_s, self.sim_seconds)
+
+    def switches_after(self, completions: int) -> int:
+        """Mode switches applied after the ``completions``-th completion (0 if the run has no more).
+
+        An oscillation count: the controller's first decisions are its cold start.
+        """
+        if self.finish_s.size <= completions:
+            return 0
+        t = float(np.sort(self.finish_s)[completions - 1]) if completions > 0 else -np.inf
+        tl = self.timeline
+        return sum(1 for a, b in itertools.pairwise(tl) if b[3] != a[3] and b[0] > t)
 
     def phase_tok_per_s(self) -> list[float]:
         """Total tokens/s of each phase: its tokens over the time from its start to its last completion."""

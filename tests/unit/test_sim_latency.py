@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -119,3 +120,14 @@ def test_latency_flags_bad_input(capsys) -> None:
         with pytest.raises(SystemExit) as exc:
             main([*base, "--rate", "5", flag, "0"])
         assert exc.value.code == 2 and f"argument {flag}: must be a number > 0" in capsys.readouterr().err
+
+
+def test_mode_switches_after_warmup_ignore_the_cold_start(tmp_path: Path) -> None:
+    """Only changes of the active mode after the n-th completion count; a k or N change is not a switch."""
+    res = two_requests(tmp_path)  # completions at 42 ms
+    after_first = float(np.sort(res.finish_s)[0])
+    tl = [(0.0, 1, 4, "mb"), (0.001, 1, 4, "eb"), (after_first + 1, 2, 4, "eb"), (after_first + 2, 2, 4, "mb")]
+    res = dataclasses.replace(res, timeline=tl)
+    assert res.switches_after(0) == 2
+    assert res.switches_after(1) == 1
+    assert res.switches_after(2) == 0  # the run has no more completions than that

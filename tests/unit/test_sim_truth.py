@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,7 @@ def test_switch_cost_is_charged_once_per_phase_boundary(k: int) -> None:
     switch = _run(HardwareProfile(**BASE, truth=TrueCosts(phase_switch_s=0.002)), Policy.EB, k)
     phases = plain.step_log.phase
     assert switch.step_log.phase == phases and switch.steps == plain.steps
-    boundaries = sum({a, b} == {"prefill", "decode"} for a, b in zip(phases, phases[1:], strict=False))
+    boundaries = sum({a, b} == {"prefill", "decode"} for a, b in itertools.pairwise(phases))
     assert boundaries > 20
     assert switch.sim_seconds - plain.sim_seconds == pytest.approx(0.002 * boundaries, rel=1e-9)
     # each boundary step is longer by exactly the cost; no other step changes
