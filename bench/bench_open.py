@@ -7,8 +7,12 @@ named) and the paper workload at ``max_num_seqs`` N = 1024:
 1. *capacity*: MB's saturated request rate at that N (steady state of one run);
 2. *settings*: Poisson (CV 1) and bursty (Gamma, CV 3) arrivals at 50, 80 and 95% of it;
 3. *targets*, pinned per setting from MB's own run there: each request's TTFT within
-   2x MB's TTFT p99, and its largest inter-token gap within 1.5x MB's ITL p99 (the
-   issue's "TTFT p99 <= 2x, ITL p99 <= 1.5x what MB achieves");
+   2x MB's TTFT p99, and its largest inter-token gap within 1.5x MB's p99 of that
+   same quantity (the stall p99). A request's ITL criterion is its largest gap
+   (:class:`~ebplus.bench.sim_latency.SloTargets`), so the target scales MB's
+   distribution of largest gaps: scaled from MB's pooled ITL p99 instead (a
+   percentile over tokens, not requests) it fails MB itself on up to half of the
+   requests (h200, bursty, 50%), and the score stops meaning "as good as MB";
 4. *policies*: MB, v0, online EB, EB+ and the fixed k with the best goodput (swept on
    the tuning seeds, reported on the evaluation seeds like the throughput grid).
 
@@ -34,7 +38,7 @@ N = 1024
 REQUESTS = 6000
 LOADS = (0.5, 0.8, 0.95)
 PROCESSES = (("poisson", None), ("bursty", 3.0))  # (name, burst CV)
-TTFT_FACTOR, ITL_FACTOR = 2.0, 1.5
+TTFT_FACTOR, STALL_FACTOR = 2.0, 1.5  # targets: these multiples of MB's TTFT p99 and stall p99
 POLICIES = {
     "mb": (Policy.MB, None),
     "v0": (Policy.V0, None),
@@ -87,9 +91,11 @@ def run_open_grid(profiles: list[str], quick: bool, tuning: tuple[int, ...], eva
     # targets: MB's own latency in each setting
     mb_runs = submit(run_task, [Task(p, s, Policy.MB, None, N, evaluation, 1.0) for p, s in pairs])
     slo = {
-        (p, s.key): SloTargets(ttft_s=TTFT_FACTOR * r["latency"]["ttft_p99_s"], itl_s=ITL_FACTOR * r["latency"]["itl_p99_s"])
+        (p, s.key): SloTargets(
+            ttft_s=TTFT_FACTOR * r["latency"]["ttft_p99_s"], itl_s=STALL_FACTOR * r["latency"]["stall_p99_s"]
+        )
         for (p, s), r in zip(pairs, mb_runs, strict=True)
-    }  # fmt: skip
+    }
     results: dict = {
         p: {"capacity_req_per_s": cap, "n": N, "workload": WORKLOAD, "settings": {}}
         for p, cap in zip(chosen, caps, strict=True)
@@ -156,7 +162,8 @@ def markdown(results: dict, summ: dict) -> list[str]:
     out = ["", "## Open loop: goodput under latency targets", "",
            f"Paper workload, N = {N}. Rates are shares of MB's saturated capacity at that N; bursty = Gamma arrivals "
            f"with CV 3. Targets per setting, from MB's run there: TTFT <= {TTFT_FACTOR:g}x MB's TTFT p99 and largest "
-           f"inter-token gap <= {ITL_FACTOR:g}x MB's ITL p99. Goodput: requests meeting both per second. EB+ "
+           f"inter-token gap <= {STALL_FACTOR:g}x MB's p99 of it (stall p99). Goodput: requests meeting both per "
+           "second. EB+ "
            "switches: mode switches after the first 1,000 completions, summed over the seeds.", ""]  # fmt: skip
     for p, per in results.items():
         out += [f"### {p} (MB capacity {per['capacity_req_per_s']:.2f} req/s)", ""]
