@@ -47,14 +47,20 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Policies: mb = mixed batching (vLLM v1); eb = "
             "exclusive batching, online k and N unless --k is given; v0 = prefill-first (EB with k=1); "
             "eb+ = EB or MB as the controller decides. Arrivals: --concurrency C keeps C requests in "
-            "flight (vllm bench serve --max-concurrency), --rate R is Poisson, neither queues every "
-            "request at t=0 (saturated)."
+            "flight (vllm bench serve --max-concurrency), --rate R is Poisson (bursty with --burst-cv), "
+            "neither queues every request at t=0 (saturated). Latency: TTFT, TPOT, inter-token latency "
+            "(ITL) and each request's largest gap (stall); with --slo-* targets, the fraction of requests "
+            "meeting each and the goodput (requests meeting all of them per second)."
         ),
         epilog=(
-            "Profiles: a name from controller/profiles (h200, rtx-pro-6000, l40s, b300, cpu-smollm2) or a YAML file. "
+            "Profiles: a name from controller/profiles (h200, rtx-pro-6000, l40s, b300, cpu-smollm2, and the pinned "
+            "scenarios h200-switch and rtx-pro-6000-mixcurve, whose truth-only costs the controller does not know) "
+            "or a YAML file. "
             "Workloads: a name from bench/workloads (e.g. paper, balanced, decode-heavy, "
             "distribution-shift), a YAML workload or schedule file, or a JSONL trace with one "
-            '{"input_len": .., "output_len": .., "arrival_s": ..} per line.'
+            '{"input_len": .., "output_len": .., "arrival_s": .., "max_tokens": ..} per line (arrival_s and '
+            "max_tokens optional; output_len is the natural length, cut to max_tokens with finish=length). "
+            "JSON keys (--json): see SimResult in ebplus.bench.sim_result."
         ),
     )
     p.add_argument("--profile", required=True, metavar="NAME|FILE", help="hardware profile")
@@ -68,6 +74,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     arrivals = p.add_mutually_exclusive_group()
     arrivals.add_argument("--concurrency", type=_positive_int, default=None, help="closed loop: requests in flight")
     arrivals.add_argument("--rate", type=_positive_float, default=None, help="open loop: Poisson requests/s")
+    p.add_argument(
+        "--burst-cv",
+        type=_positive_float,
+        default=None,
+        metavar="CV",
+        help="with --rate: bursty arrivals, a Gamma renewal process whose gaps have this coefficient of variation",
+    )
+    for name, what in (
+        ("ttft", "time to first token"),
+        ("itl", "largest inter-token gap (stall)"),
+        ("tpot", "time per output token"),
+    ):
+        p.add_argument(
+            f"--slo-{name}",
+            type=_positive_float,
+            default=None,
+            metavar="S",
+            help=f"target for each request's {what}, seconds (attainment and goodput)",
+        )
     p.add_argument(
         "--requests", type=_positive_int, default=None, help="requests (per phase of a schedule; default 2000)"
     )
@@ -91,7 +116,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=str(SUMMARY_DIR),
         help=f"directory of the table and plots (default {SUMMARY_DIR}; the raw JSON goes to {RAW_DIR})",
     )
-    b.add_argument("--profiles", default=None, help="comma-separated profile names (default: all shipped)")
+    b.add_argument(
+        "--profiles",
+        default=None,
+        help=(
+            "comma-separated profile names (default: every shipped calibrated profile; the pinned scenarios "
+            "h200-switch and rtx-pro-6000-mixcurve run only when named)"
+        ),
+    )
     b.add_argument("--quick", action="store_true", help="small runs and a coarse sweep (a smoke test, ~1 min)")
     b.add_argument("--workers", type=_positive_int, default=None, help="processes (default: CPU count)")
     b.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
@@ -107,13 +139,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     from ebplus.bench.sim import Policy, SimConfig, simulate
+    from ebplus.bench.sim_latency import SloTargets
     from ebplus.bench.workloads import build_requests, load_source
     from ebplus.controller.cost_model import resolve_profile
 
     profile = resolve_profile(args.profile)
     source = load_source(args.workload)
-    config = SimConfig(policy=Policy(args.policy), k=args.k, n=args.n, budget=args.budget)
-    reqs = build_requests(source, seed=args.seed, requests=args.requests, concurrency=args.concurrency, rate=args.rate)
+    slo = SloTargets(args.slo_ttft, args.slo_itl, args.slo_tpot)
+    slo = None if slo == SloTargets() else slo
+    config = SimConfig(policy=Policy(args.policy), k=args.k, n=args.n, budget=args.budget, slo=slo)
+    reqs = build_requests(source, seed=args.seed, requests=args.requests, concurrency=args.concurrency,
+                          rate=args.rate, burst_cv=args.burst_cv)  # fmt: skip
     result = simulate(profile, reqs, config)
     data = result.as_json()
     if args.json:
@@ -128,6 +164,15 @@ def run_simulate(args: argparse.Namespace) -> int:
           f"{data['out_tok_per_s']:.0f} output tok/s")  # fmt: skip
     print(f"TTFT p50/p99   {data['ttft_p50_s']:.3f} / {data['ttft_p99_s']:.3f} s")
     print(f"TPOT p50/p99   {data['tpot_p50_s'] * 1e3:.2f} / {data['tpot_p99_s'] * 1e3:.2f} ms")
+    print(f"ITL p50/p99    {data['itl_p50_s'] * 1e3:.2f} / {data['itl_p99_s'] * 1e3:.2f} ms")
+    print(f"stall p99/max  {data['stall_p99_s']:.3f} / {data['stall_max_s']:.3f} s (largest gap per request)")
+    if slo is not None:
+        met = ", ".join(
+            f"{name} {100 * data[f'{name}_attainment']:.1f}%"
+            for name in ("ttft", "itl", "tpot")
+            if data[f"{name}_attainment"] is not None
+        )
+        print(f"SLO met        {met}; goodput {data['goodput_req_per_s']:.2f} req/s")
     print(f"preemptions    {data['preemptions']}")
     print(f"mode switches  {data['mode_switches']}")
     k = "-" if data["k_final"] is None else data["k_final"]

@@ -148,7 +148,10 @@ def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
         "tpot_p99_ms": result["p99_tpot_ms"],
         "final": {key: replica.get(key) for key in ("mode", "active", "k", "n", "version")},
         "estimate": {
-            **{key: (estimates["fleet"]["estimate"] or {}).get(key) for key in ("p0", "eta", "mu_o", "mu_l", "n_samples")},
+            **{
+                key: (estimates["fleet"]["estimate"] or {}).get(key)
+                for key in ("p0", "eta", "mu_o", "mu_l", "n_samples")
+            },
             "updates": estimates["fleet"]["updates"],
         },
     }

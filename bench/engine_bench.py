@@ -365,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="stock,mb,eb-fixed,eb-theory,auto")
     ap.add_argument("--update-every", type=int, default=40, help="controller: completions between decisions")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="write the table (markdown) here, the runs (JSON) to bench/results/")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="write the table (markdown) here, the runs (JSON) to bench/results/"
+    )
     args = ap.parse_args(argv)
 
     from ebplus.bench.local_engine import scheduler_of, start_llm

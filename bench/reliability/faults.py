@@ -20,8 +20,12 @@ def _versions(snap: dict | None) -> str:
     """Fleet and per-replica versions of a snapshot, for error messages."""
     if snap is None:
         return "no snapshot"
-    reps = {rid: (r["version"], r["applied_version"], r["active"], r["concurrency"]) for rid, r in snap["replicas"].items()}
-    return f"version {snap['version']}, updates {snap['updates']}, replicas (version, applied, active, concurrency) {reps}"
+    reps = {
+        rid: (r["version"], r["applied_version"], r["active"], r["concurrency"]) for rid, r in snap["replicas"].items()
+    }
+    return (
+        f"version {snap['version']}, updates {snap['updates']}, replicas (version, applied, active, concurrency) {reps}"
+    )
 
 
 def _plan_of(replica: dict) -> list:
@@ -61,9 +65,13 @@ def scenario_controller_kills(
                 return snap if ok else None
 
             try:
-                after = wait_until("replicas to converge on the restarted controller", converged, timeout_s=60, every_s=0.05)
+                after = wait_until(
+                    "replicas to converge on the restarted controller", converged, timeout_s=60, every_s=0.05
+                )
             except HarnessError as exc:
-                raise HarnessError(f"{exc}; before the kill: {_versions(before)}; last seen: {_versions(seen.get('snap'))}") from exc
+                raise HarnessError(
+                    f"{exc}; before the kill: {_versions(before)}; last seen: {_versions(seen.get('snap'))}"
+                ) from exc
             t_conv = time.monotonic()
             same_version = after["version"] == before["version"]
             events.append(
@@ -96,14 +104,22 @@ def scenario_controller_kills(
 
 
 def scenario_hung_controller(
-    dep: Deployment, cluster: Cluster, *, hang_s: float = 8.0, base_s: float = 6.0, concurrency: int = 4, max_tokens: int = 12
+    dep: Deployment,
+    cluster: Cluster,
+    *,
+    hang_s: float = 8.0,
+    base_s: float = 6.0,
+    concurrency: int = 4,
+    max_tokens: int = 12,
 ) -> dict:
     """SIGSTOP the controller for ``hang_s`` under load: latency, the replicas' bounded outboxes, drops."""
     replicas = dep.config.replicas.num_replicas
     snap0 = healthy_fleet(dep, cluster, replicas)
     totals0 = fleet_totals(snap0)
     applied0 = {rid: [r["k"], r["n"], r["version"]] for rid, r in snap0["replicas"].items()}
-    with BackgroundLoad(dep, duration_s=base_s + hang_s + base_s, concurrency=concurrency, max_tokens=max_tokens) as load:
+    with BackgroundLoad(
+        dep, duration_s=base_s + hang_s + base_s, concurrency=concurrency, max_tokens=max_tokens
+    ) as load:
         time.sleep(base_s)
         t_stop = time.monotonic()
         with cluster.controller_stopped():
@@ -144,7 +160,13 @@ def scenario_hung_controller(
 
 
 def scenario_replica_kill(
-    dep: Deployment, cluster: Cluster, *, concurrency: int = 10, max_tokens: int = 160, load_s: float = 16.0, kill_after_s: float = 5.0
+    dep: Deployment,
+    cluster: Cluster,
+    *,
+    concurrency: int = 10,
+    max_tokens: int = 160,
+    load_s: float = 16.0,
+    kill_after_s: float = 5.0,
 ) -> dict:
     """SIGKILL the busiest model replica's process under load (streamed and not), the OpenAI client retrying as it does by default.
 

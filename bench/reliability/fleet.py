@@ -9,7 +9,9 @@ from ebplus.bench.reliability.deployment import Deployment
 from ebplus.bench.reliability.waiting import wait_until
 
 
-def healthy_fleet(dep: Deployment, cluster: Cluster, replicas: int, fresh_s: float = 3.0, timeout_s: float = 300) -> dict:
+def healthy_fleet(
+    dep: Deployment, cluster: Cluster, replicas: int, fresh_s: float = 3.0, timeout_s: float = 300
+) -> dict:
     """Wait until Serve runs ``replicas`` model replicas, the controller knows exactly those and
     hears from each, and every replica applies the controller's version. Returns the controller's snapshot."""
 

@@ -96,7 +96,15 @@ def send_hostile(dep: Deployment) -> list[dict]:
                 if content_type:
                     headers["content-type"] = content_type
                 r = client.request(method, path, content=body, headers=headers)
-            out.append({"case": case, "path": path, "status": r.status_code, "reason": error_reason(r), "seconds": round(r.elapsed.total_seconds(), 2)})
+            out.append(
+                {
+                    "case": case,
+                    "path": path,
+                    "status": r.status_code,
+                    "reason": error_reason(r),
+                    "seconds": round(r.elapsed.total_seconds(), 2),
+                }
+            )
     return out
 
 
@@ -178,7 +186,12 @@ def scenario_secrets(dep: Deployment, cluster: Cluster) -> dict:
     }  # fmt: skip
     answers = [
         httpx.post(f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {wrong}"}, timeout=60).text,
-        httpx.put(f"{base}/admin/overrides", json={"replica": "*", "k": 2}, headers={"Authorization": f"Bearer {wrong}"}, timeout=60).text,
+        httpx.put(
+            f"{base}/admin/overrides",
+            json={"replica": "*", "k": 2},
+            headers={"Authorization": f"Bearer {wrong}"},
+            timeout=60,
+        ).text,
         httpx.get(f"{base}/metrics", timeout=60).text,
         httpx.get(f"{base}/health", timeout=60).text,
         httpx.get(f"{base}/openapi.json", timeout=60).text,

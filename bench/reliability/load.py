@@ -151,7 +151,12 @@ async def run_load(
                     "extra_body": extra,
                 }
             else:
-                kwargs = {"model": dep.model, "prompt": f"A note on {topic} ({i}):", "max_tokens": max_tokens, "extra_body": extra}
+                kwargs = {
+                    "model": dep.model,
+                    "prompt": f"A note on {topic} ({i}):",
+                    "max_tokens": max_tokens,
+                    "extra_body": extra,
+                }
             api = client.chat.completions if chat else client.completions
             if stream:
                 finish = None

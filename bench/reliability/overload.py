@@ -13,7 +13,9 @@ from ebplus.bench.reliability.fleet import fleet_totals, settle, telemetry_balan
 from ebplus.bench.reliability.load import run_load
 
 
-def scenario_back_pressure(dep: Deployment, *, requests: int = 120, concurrency: int = 48, max_tokens: int = 32) -> dict:
+def scenario_back_pressure(
+    dep: Deployment, *, requests: int = 120, concurrency: int = 48, max_tokens: int = 32
+) -> dict:
     """More concurrent requests than slots + queue, no client retries: what comes back."""
     result = asyncio.run(
         run_load(dep, requests=requests, concurrency=concurrency, max_tokens=max_tokens, ignore_eos=True, max_retries=0)
@@ -27,7 +29,13 @@ def scenario_back_pressure(dep: Deployment, *, requests: int = 120, concurrency:
 
 
 def scenario_soak(
-    dep: Deployment, cluster: Cluster, *, requests: int = 2000, concurrency: int = 64, max_tokens: int = 8, warmup: int = 100
+    dep: Deployment,
+    cluster: Cluster,
+    *,
+    requests: int = 2000,
+    concurrency: int = 64,
+    max_tokens: int = 8,
+    warmup: int = 100,
 ) -> dict:
     """A bounded soak: ``requests`` requests at ``concurrency``, the client retrying back-pressure answers.
 
