@@ -287,7 +287,7 @@ class Simulator:
 
     def _schedule(self, plan: StepPlan) -> tuple[int, np.ndarray | None, list[tuple[int, int]], int, bool]:
         """Pick this step's work: (decodes, decode mask or None for all, prompt chunks, admitted, preempted)."""
-        budget = self.cfg.budget
+        budget = min(self.cfg.budget, plan.max_tokens) if plan.max_tokens else self.cfg.budget
         n_dec, dec = 0, None
         if plan.decode and self.m > self.n_prefilling:
             if self.n_prefilling:
@@ -426,6 +426,8 @@ class Simulator:
     def _jump_length(self, plan: StepPlan, n_dec: int, dec: np.ndarray | None, chunks: list, steps_to_push: int) -> int:
         """How many identical decode-only steps can run before anything the policy sees changes."""
         if not self.cfg.jump or plan.phase is not StepKind.DECODE or chunks or dec is not None or n_dec != self.m:
+            return 1
+        if self.machine.phase is StepKind.PREFILL:  # a decode step interleaved into a prefill phase: one
             return 1
         d = int(self.left[: self.m].min())  # the step that finishes someone is the last one
         d = min(d, (self.cap - self.used) // max(n_dec, 1), steps_to_push)

@@ -86,6 +86,16 @@ class SloConfig(BaseModel):
             "of the best. 0 with no targets keeps the throughput-optimal k* = theta* x N."
         ),
     )
+    safety: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description=(
+            "A mode counts as meeting a target only when predicted at least this fraction below it, and prefill runs "
+            "are sized for (1 - safety) x the stall target: the predictions are steady-state means and percentiles, "
+            "bursts and model error push the real tail above them."
+        ),
+    )
 
     @property
     def targets(self) -> bool:

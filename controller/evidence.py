@@ -225,6 +225,7 @@ class ModeCheck:
     stale: bool = False  # measured at another operating point (see LoopConfig.explore_reset)
     latency: Latency | None = None  # predicted (with the measured correction); None without SLO targets
     meets: bool | None = None  # the SLO targets (None: no targets)
+    capacity: float = 0.0  # tokens/s with the batch at its cap (corrected)
 
 
 @dataclass(frozen=True)
@@ -235,10 +236,13 @@ class Judgement:
     mb: ModeCheck
     margin: float
     exploring: Mode | None = None  # the mode being measured, during an exploration
+    load: float | None = None  # tokens/s the replica computed since the previous plan
 
     @classmethod
-    def of_checks(cls, eb: ModeCheck, mb: ModeCheck, exploring: Mode | None = None) -> Judgement:
-        return cls(eb=eb, mb=mb, margin=eb.corrected - mb.corrected, exploring=exploring)
+    def of_checks(
+        cls, eb: ModeCheck, mb: ModeCheck, exploring: Mode | None = None, load: float | None = None
+    ) -> Judgement:
+        return cls(eb=eb, mb=mb, margin=eb.corrected - mb.corrected, exploring=exploring, load=load)
 
     def of(self, mode: Mode) -> ModeCheck:
         return self.eb if mode is Mode.EB else self.mb

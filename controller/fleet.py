@@ -54,6 +54,8 @@ from ebplus.controller.telemetry import CleanBatch, check_completion, check_runn
 
 logger = logging.getLogger("ebplus.controller")
 
+#: Weight of each plan interval's tokens/s in a replica's load average.
+LOAD_EMA = 0.3
 #: Replicas whose state a controller keeps aside after forgetting them (see ``FleetController.forget``).
 MAX_SAVED_REPLICAS = 64
 
@@ -87,6 +89,9 @@ class ReplicaState:
     step_seconds: dict[StepKind, Histogram] = field(default_factory=dict)
     evidence: ModeEvidence = field(default_factory=ModeEvidence)  # steps per mode (the closed loop)
     active_since: int = 0  # the version from which the replica was told to run current.active
+    load_tokens: int = 0  # tokens the replica's steps computed since its last plan (the offered load)
+    load_since: float | None = None  # when that count started
+    load: float | None = None  # its average over plans (tokens/s)
 
     @property
     def cost_model(self) -> CostModel:
@@ -362,6 +367,7 @@ class FleetController:
         alpha = self.config.concurrency_ema
         for rec in records:
             self.received["steps"] += 1
+            replica.load_tokens += rec.prefill_tokens + rec.decode_tokens
             replica.fitter.observe_step(rec.prefill_tokens, rec.decode_tokens, rec.seconds, rec.kv_tokens)
             kind = rec.kind
             hist = replica.step_seconds.get(kind)
@@ -424,7 +430,20 @@ class FleetController:
             completed=self._new_completions(replica),
             evidence=replica.evidence,
             explore=replica.current.mode is Mode.AUTO,  # not shadow, a fixed mode, or an operator's pin
+            load=self._load(replica),
         )
+
+    def _load(self, replica: ReplicaState) -> float | None:
+        """Tokens/s the replica computed, averaged over plans (EMA, weight ``LOAD_EMA``): under
+        open-loop traffic, the offered load."""
+        now = self.clock()
+        since, replica.load_since = replica.load_since, now
+        tokens, replica.load_tokens = replica.load_tokens, 0
+        if since is None or now <= since or not tokens:
+            return replica.load
+        rate = tokens / (now - since)
+        replica.load = rate if replica.load is None else replica.load + LOAD_EMA * (rate - replica.load)
+        return replica.load
 
     def _publish(self, replica: ReplicaState, cause: str, estimate: Estimate | None, plan: Plan | None) -> None:
         previous = replica.current.active

@@ -65,22 +65,51 @@ def _prefill_phase(cost: CostModel, k: int, mu_l: float, budget: float | None) -
     return steps, cost.alpha_p + cost.beta_p * tokens / steps
 
 
+#: The smallest prefill step a stall target may ask for (tokens): below it the fixed cost dominates.
+MIN_PREFILL_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class PrefillBound:
+    """How EB's prefill phases are cut so running requests do not stall past a target.
+
+    ``steps``: prefill steps in a row before a decode step (0: unbounded); ``tokens``:
+    prompt tokens a prefill step may carry (0: the engine's budget).
+    """
+
+    steps: int = 0
+    tokens: int = 0
+
+    def step_budget(self, budget: float | None) -> float | None:
+        return float(self.tokens) if self.tokens else budget
+
+
 def prefill_bound(
     cost: CostModel, k: int, n: int, mu_l: float, budget: float | None, slo: SloConfig, cycle_s: float = 0.0
-) -> int:
-    """The longest prefill run (steps) whose stall meets the stall and ITL targets; 0: no bound needed.
+) -> PrefillBound:
+    """The longest prefill run that keeps the stall within the stall and ITL targets (none: unbounded).
 
-    At least 1: a single prefill step is the least an exclusive phase can do (the step
-    budget bounds it further).
+    A prefill phase admits every request waiting when it starts (a burst, or a long
+    decode phase under open-loop arrivals), so its length has a tail the mean does not
+    show; the bound is what caps that tail. Runs of full-budget steps when one step
+    fits the target; else one step of fewer tokens (at least ``MIN_PREFILL_TOKENS``).
     """
     targets = [t for t in (slo.max_stall_s, slo.itl_p99_s) if t is not None]
     if not targets:
-        return 0
-    steps, t_p = _prefill_phase(cost, k, mu_l, budget)
+        return PrefillBound()
     t_d = cost.alpha_d + cost.beta_d * max(n - k / 2, 1.0)
-    room = min(targets) - t_d - cycle_s
-    fit = max(1, math.floor(room / t_p)) if room > 0 else 1
-    return 0 if fit >= steps else fit
+    room = (1.0 - slo.safety) * min(targets) - t_d - max(cycle_s, 0.0)
+    full = _full_step(cost, k, mu_l, budget)
+    if room >= full:
+        return PrefillBound(steps=max(1, math.floor(room / full)))
+    fit = (room - cost.alpha_p) / cost.beta_p if cost.beta_p > 0 else math.inf
+    return PrefillBound(steps=1, tokens=max(MIN_PREFILL_TOKENS, math.floor(fit)) if math.isfinite(fit) else 0)
+
+
+def _full_step(cost: CostModel, k: int, mu_l: float, budget: float | None) -> float:
+    """Seconds of the largest prefill step a phase may run: a full budget (or k prompts, unchunked)."""
+    tokens = budget if budget is not None else k * mu_l
+    return cost.alpha_p + cost.beta_p * tokens
 
 
 def eb_latency(
@@ -91,19 +120,24 @@ def eb_latency(
     mu_o: float,
     budget: float | None,
     cycle_s: float = 0.0,
-    bound: int = 0,
+    bound: PrefillBound | None = None,
     queue: float = 0.0,
 ) -> Latency:
     """EB(k)'s latency at batch ``n`` (``cost`` folded; ``queue``: requests waiting beyond the batch)."""
-    steps, t_p = _prefill_phase(cost, k, mu_l, budget)
-    run = steps if bound <= 0 else min(bound, steps)
+    bound = bound or PrefillBound()
+    step_budget = bound.step_budget(budget)
+    steps, t_p = _prefill_phase(cost, k, mu_l, step_budget)
+    run = steps if bound.steps <= 0 else min(bound.steps, steps)
     runs = math.ceil(steps / run)
     t_d = cost.alpha_d + cost.beta_d * max(n - k / 2, 1.0)
     decode_steps = max(1.0, -max(mu_o - 1.0, 1e-9) * math.log1p(-min(k, n - 1) / n))
-    stall = run * t_p + t_d + max(cycle_s, 0.0)
+    # the tail: a bounded run can be full steps; an unbounded one is the mean phase
+    longest = bound.steps * _full_step(cost, k, mu_l, step_budget) if bound.steps > 0 else run * t_p
+    stall = longest + t_d + max(cycle_s, 0.0)
     itl = stall if runs / (decode_steps + runs) >= TAIL else t_d
     phase = steps * t_p + (runs - 1) * t_d
-    tp = theory.tp_eb(k, n, cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o, budget, cycle_s)
+    args = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o, step_budget, cycle_s)
+    tp = theory.tp_eb(k, n, *args)
     ttft = (1.0 - TAIL) * decode_steps * t_d + phase + max(cycle_s, 0.0) + queue / tp
     return Latency(ttft_p99=ttft, itl_p99=itl, stall=stall)
 
@@ -122,11 +156,11 @@ class KChoice:
 
     k: int
     k_throughput: int  # the throughput-optimal threshold it started from (theta x N)
-    prefill_steps: int  # the prefill-run bound that goes with it (0: none)
+    bound: PrefillBound  # how prefill phases are cut for the stall target
     throughput: float  # predicted requests/s at k
     best_throughput: float  # the best over the candidates
     latency: Latency
-    meets: bool | None  # the SLO targets at k (None: no targets)
+    meets: bool | None  # the SLO targets at k, with the safety margin (None: no targets)
     reason: str
 
 
@@ -147,27 +181,27 @@ def choose_k(
     k_star = min(max(1, k_star), n - 1)
     grid = np.unique(np.round(np.geomspace(1, n - 1, min(CANDIDATES, n - 1))).astype(int))
     ks = sorted({int(k) for k in grid} | {k_star})
-    args = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o, budget, cycle_s)
-    tps = {k: theory.tp_eb(k, n, *args) for k in ks}
+    bounds = {k: prefill_bound(cost, k, n, mu_l, budget, slo, cycle_s) for k in ks}
+    base = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o)
+    tps = {k: theory.tp_eb(k, n, *base, bounds[k].step_budget(budget), cycle_s) for k in ks}
     best = max(tps.values())
     tolerated = [k for k in ks if tps[k] >= (1.0 - slo.tolerance) * best]
 
-    def judged(k: int) -> tuple[Latency, int, float | None]:
-        bound = prefill_bound(cost, k, n, mu_l, budget, slo, cycle_s)
-        lat = eb_latency(k, n, cost, mu_l, mu_o, budget, cycle_s, bound, queue)
-        return lat, bound, lat.margin(slo)
+    def judged(k: int) -> tuple[Latency, PrefillBound, float | None]:
+        lat = eb_latency(k, n, cost, mu_l, mu_o, budget, cycle_s, bounds[k], queue)
+        return lat, bounds[k], lat.margin(slo)
 
     if not slo.targets:
         k = min(tolerated)
         why = f"k {k}: the smallest stall within {slo.tolerance:.0%} of the best predicted throughput (k* {k_star})"
     else:
         margins = {k: judged(k)[2] for k in ks}
-        meeting = [k for k in tolerated if margins[k] >= 0]
+        meeting = [k for k in tolerated if margins[k] >= slo.safety]
         if meeting:
             k = max(meeting, key=lambda k: (margins[k], -k))
             why = f"k {k}: meets the latency targets with the most margin ({margins[k]:.0%}) within {slo.tolerance:.0%}"
-        elif any(m >= 0 for m in margins.values()):
-            k = max((k for k in ks if margins[k] >= 0), key=lambda k: tps[k])
+        elif any(m >= slo.safety for m in margins.values()):
+            k = max((k for k in ks if margins[k] >= slo.safety), key=lambda k: tps[k])
             why = f"k {k}: the best throughput that meets the latency targets ({tps[k] / best:.1%} of the best)"
         else:
             k = max(tolerated, key=lambda k: margins[k])
@@ -176,10 +210,10 @@ def choose_k(
     return KChoice(
         k=k,
         k_throughput=k_star,
-        prefill_steps=bound,
+        bound=bound,
         throughput=tps[k],
         best_throughput=best,
         latency=lat,
-        meets=None if margin is None else margin >= 0,
+        meets=None if margin is None else margin >= slo.safety,
         reason=why,
     )

@@ -118,8 +118,8 @@ class ThresholdUpdate(Message, frozen=True):
     ``mode``. ``n`` caps concurrently running requests; ``k`` is the EB threshold
     (prefill once ``k`` requests can be admitted). ``version`` increases with each
     controller decision so replicas can report which one they run. ``prefill_steps``
-    bounds an EB prefill phase's runs so running requests do not stall past a latency
-    target (see ``replicas/phases.py``).
+    and ``prefill_tokens`` cut an EB prefill phase so running requests do not stall past
+    a latency target (see ``replicas/phases.py``).
     """
 
     mode: Mode
@@ -128,6 +128,7 @@ class ThresholdUpdate(Message, frozen=True):
     version: int = 0
     active: Mode = Mode.MB
     prefill_steps: int = 0  # EB: decode steps are interleaved after this many prefill steps in a row (0: never)
+    prefill_tokens: int = 0  # EB: prompt tokens a prefill step may carry (0: the engine's budget)
 
     def __post_init__(self) -> None:
         # NOTE: msgspec turns a ValueError here into a ValidationError when decoding.
@@ -141,8 +142,10 @@ class ThresholdUpdate(Message, frozen=True):
             raise ValueError(f"k must be an integer in [1, n={self.n}], got {self.k!r}")
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
             raise ValueError(f"version must be an integer >= 0, got {self.version!r}")
-        if isinstance(self.prefill_steps, bool) or not isinstance(self.prefill_steps, int) or self.prefill_steps < 0:
-            raise ValueError(f"prefill_steps must be an integer >= 0, got {self.prefill_steps!r}")
+        for name in ("prefill_steps", "prefill_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         if self.active not in (Mode.MB, Mode.EB):
             raise ValueError(f"active must be 'mb' or 'eb', got {self.active.value!r}")
         implied = {Mode.MB: Mode.MB, Mode.EB: Mode.EB, Mode.V0: Mode.EB, Mode.SHADOW: Mode.MB}.get(self.mode)

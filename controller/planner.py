@@ -30,6 +30,9 @@ from ebplus.controller.evidence import Judgement, ModeCheck, ModeEvidence, ModeM
 from ebplus.controller.messages import Mode, ThresholdUpdate
 
 _OTHER = {Mode.EB: Mode.MB, Mode.MB: Mode.EB}
+#: With SLO targets, a load below this fraction of a mode's capacity leaves the choice to latency:
+#: (to switch to that mode, to stay in it).
+HEADROOM = {False: 0.8, True: 0.95}
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class Thresholds:
     n_eb: int
     k: int
     k_throughput: int = 0  # theta x N, before the latency rule (0: not applied)
-    prefill_steps: int = 0  # the bound on EB's prefill runs (0: none)
+    prefill_steps: int = 0  # EB's prefill runs: a decode step after this many prefill steps (0: none)
+    prefill_tokens: int = 0  # EB's prefill steps carry at most this many tokens (0: the engine's budget)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +117,7 @@ class ThresholdPlanner:
         completed: int = 0,
         evidence: ModeEvidence | None = None,
         explore: bool = False,
+        load: float | None = None,
     ) -> Plan:
         """Recompute theta*, N*, k and the EB/MB choice from the newest estimate.
 
@@ -124,6 +129,8 @@ class ThresholdPlanner:
         ``evidence``: the replica's measured steps per mode; each mode's predicted time is
         scaled by its measured bias (``config.loop``). ``explore``: the replica runs
         what it is told (``auto``), so a mode without evidence may be run to measure it.
+        ``load``: tokens/s the replica computed since the previous plan (with SLO targets,
+        a load both modes carry with headroom is served by the one with more latency margin).
         """
         cfg, st = self.config, self.state
         if preempted > cfg.kv_backoff_tolerance * completed:
@@ -146,9 +153,12 @@ class ThresholdPlanner:
         th = self._thresholds(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled, cycle_s=cycle_s)
         k_choice = self._choose_k(estimate, cost, th, cycle_s)
         if k_choice is not None:
-            th = dataclasses.replace(th, k=k_choice.k, k_throughput=th.k, prefill_steps=k_choice.prefill_steps)
+            bound = k_choice.bound
+            th = dataclasses.replace(
+                th, k=k_choice.k, k_throughput=th.k, prefill_steps=bound.steps, prefill_tokens=bound.tokens
+            )
         active, switched, xo, reason, judgement = self._choose_mode(
-            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice
+            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice, load
         )
         st.theta, st.n_cap, st.plans, st.context = th.theta, th.n_cap, st.plans + 1, context
         sizing = self._explain(estimate, th, kv_tokens, n_prev, settled)
@@ -302,6 +312,7 @@ class ThresholdPlanner:
         explore: bool,
         cycle_s: float = 0.0,
         k_choice: latency.KChoice | None = None,
+        load: float | None = None,
     ) -> tuple[Mode, bool, theory.Crossover | None, str, Judgement | None]:
         """The EB/MB choice: the model's two predictions, each corrected by what its mode measured.
 
@@ -323,7 +334,7 @@ class ThresholdPlanner:
                 )
             return st.active, False, None, f"hold: concurrency {th.n_obs:.1f} < {cfg.min_concurrency:g}", None
         xo = self._crossover(estimate, cost, th.k, th.n_eb)
-        j = self._judge(xo, measured, estimate, cost, th, cycle_s, k_choice)
+        j = self._judge(xo, measured, estimate, cost, th, cycle_s, k_choice, load)
         if st.exploring is not None:
             return self._explore_step(j, xo, evidence, th.n_obs)
         ref = st.n_obs_at_switch
@@ -346,6 +357,13 @@ class ThresholdPlanner:
         if j.eb.meets is not None and j.eb.meets != j.mb.meets:
             feasible = Mode.EB if j.eb.meets else Mode.MB
             return None if feasible is active else feasible
+        if j.eb.meets and j.mb.meets and j.load is not None:
+            # both meet the targets: a load the one with more latency margin carries with headroom is its
+            # to serve (below capacity throughput does not decide what users see, latency does)
+            calmer = Mode.EB if j.eb.latency.margin(self.config.slo) > j.mb.latency.margin(self.config.slo) else Mode.MB
+            headroom = HEADROOM[calmer is active]  # hysteresis: stay up to the higher, come back below the lower
+            if j.load <= headroom * j.of(calmer).capacity:
+                return None if calmer is active else calmer
         band = self._band(j, active)
         if active is Mode.EB and j.margin > self.config.sticky_eb * band:
             return Mode.MB
@@ -362,6 +380,7 @@ class ThresholdPlanner:
         th: Thresholds,
         cycle_s: float,
         k_choice: latency.KChoice | None,
+        load: float | None = None,
     ) -> Judgement:
         """Both modes' predictions corrected by their evidence: EB's per-cycle excess, MB's bias (1.0 unmeasured).
 
@@ -373,7 +392,17 @@ class ThresholdPlanner:
         point = OperatingPoint(here.running if here is not None else th.n_obs, estimate.mu_l, estimate.mu_o)
         budget, queue = cfg.max_num_batched_tokens, max(0.0, th.n_obs - th.n_cap)
         args = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, estimate.mu_l, estimate.mu_o, budget, cycle_s)
-        t_eb = 1.0 / (theory.tp_eb(th.k, th.n_eb, *args) * (estimate.mu_l + estimate.mu_o))
+        if th.prefill_tokens:  # capped prefill steps: more of them a phase
+            args = (*args[:6], th.prefill_tokens, cycle_s)
+        tokens = estimate.mu_l + estimate.mu_o
+        t_eb = 1.0 / (theory.tp_eb(th.k, th.n_eb, *args) * tokens)
+        # each mode's capacity (tokens/s) with the batch at its cap, for the headroom rule
+        k_cap = min(th.n_cap - 1, max(1, round(th.k * th.n_cap / th.n_eb)))
+        capacity = {
+            Mode.EB: theory.tp_eb(k_cap, th.n_cap, *args) * tokens,
+            Mode.MB: theory.tp_mb(th.n_cap, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d,
+                                  estimate.mu_l, estimate.mu_o, budget) * tokens,
+        }  # fmt: skip
         eb_lat = mb_lat = None
         if cfg.slo.targets:
             eb_lat = k_choice.latency if k_choice is not None else None
@@ -387,9 +416,11 @@ class ThresholdPlanner:
                 corrected = predicted * (1.0 if m is None else m.bias)
             stale = m is not None and not m.point.near(point, cfg.loop.explore_reset)
             margin = None if lat is None else lat.margin(cfg.slo)
-            meets = None if margin is None else margin >= 0
-            checks[mode] = ModeCheck(mode, predicted, corrected / predicted, corrected, m, stale, lat, meets)
-        return Judgement.of_checks(checks[Mode.EB], checks[Mode.MB], self.state.exploring)
+            meets = None if margin is None else margin >= cfg.slo.safety
+            bias = corrected / predicted
+            cap = capacity[mode] if mode is Mode.EB else capacity[mode] / bias
+            checks[mode] = ModeCheck(mode, predicted, bias, corrected, m, stale, lat, meets, cap)
+        return Judgement.of_checks(checks[Mode.EB], checks[Mode.MB], self.state.exploring, load)
 
     @staticmethod
     def _biases(j: Judgement) -> str:
@@ -420,7 +451,7 @@ class ThresholdPlanner:
             f"explore {other.value}: {why} of {other.value} at this load and the model prefers "
             f"{st.explore_return.value} by only {gain:.1%} (< {self.config.loop.explore_below:.0%})"
         )
-        return other, True, xo, reason, Judgement.of_checks(j.eb, j.mb, other)
+        return other, True, xo, reason, Judgement.of_checks(j.eb, j.mb, other, j.load)
 
     def _explore_step(
         self, j: Judgement, xo: theory.Crossover, evidence: ModeEvidence | None, n_obs: float
@@ -433,7 +464,7 @@ class ThresholdPlanner:
         if not done and st.plans - st.explore_started < loop.explore_max_plans:
             gained = evidence.mark(explored)[0] - st.explore_mark[0] if evidence is not None else 0
             reason = f"explore {explored.value}: measuring ({gained}/{loop.min_steps} steps)"
-            return explored, False, xo, reason, Judgement.of_checks(j.eb, j.mb, explored)
+            return explored, False, xo, reason, Judgement.of_checks(j.eb, j.mb, explored, j.load)
         back = st.explore_return or _OTHER[explored]
         st.exploring, st.explore_ended = None, st.plans
         target = self._rule(j, back)
@@ -480,5 +511,11 @@ class ThresholdPlanner:
             return self.cold_update(mode, version)
         plan = self.last
         return ThresholdUpdate(
-            mode=mode, k=plan.k, n=plan.n_cap, version=version, active=plan.active, prefill_steps=plan.prefill_steps
+            mode=mode,
+            k=plan.k,
+            n=plan.n_cap,
+            version=version,
+            active=plan.active,
+            prefill_steps=plan.prefill_steps,
+            prefill_tokens=plan.prefill_tokens,
         )

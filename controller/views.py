@@ -40,10 +40,22 @@ class ThresholdsView(_View):
     k: int = Field(description="EB threshold.")
     n: int = Field(description="Cap on running requests.")
     version: int = Field(description="Version the controller publishes.")
+    prefill_steps: int = Field(
+        0, description="EB: a decode step after this many prefill steps in a row (0: unbounded; see planner.slo)."
+    )
+    prefill_tokens: int = Field(0, description="EB: prompt tokens a prefill step may carry (0: the engine's budget).")
 
     @classmethod
     def of(cls, update: ThresholdUpdate) -> ThresholdsView:
-        return cls(mode=update.mode, active=update.active, k=update.k, n=update.n, version=update.version)
+        return cls(
+            mode=update.mode,
+            active=update.active,
+            k=update.k,
+            n=update.n,
+            version=update.version,
+            prefill_steps=update.prefill_steps,
+            prefill_tokens=update.prefill_tokens,
+        )
 
 
 class Dropped(_View):

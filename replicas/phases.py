@@ -28,7 +28,9 @@ Policies:
   With ``prefill_steps = L > 0`` a prefill phase longer than ``L`` steps (long
   prompts chunked by the budget) runs one decode-only step after every ``L``
   prefill steps, so no running request waits longer than ``L`` prefill steps for
-  its next token. The decode step is an ordinary one: outputs do not change.
+  its next token; with ``prefill_tokens = T > 0`` each prefill step carries at
+  most ``T`` prompt tokens (a smaller step budget). The decode step is an ordinary
+  one and chunking does not change what is computed: outputs do not change.
 * ``V0``: EB with ``k = 1`` (prefill-first).
 * ``AUTO`` (EB+): ``EB`` or ``MB`` as the controller chose (``ThresholdUpdate.active``);
   ``SHADOW`` always runs ``MB`` (the controller's choice is only published).
@@ -86,12 +88,14 @@ class StepPlan:
         decode: schedule the running requests that are decoding.
         prefill: schedule prompt chunks (running partial prefills, then admissions).
         max_admit: how many waiting requests may start this step.
+        max_tokens: a token budget below the engine's for this step (0: none).
     """
 
     phase: StepKind
     decode: bool
     prefill: bool
     max_admit: int
+    max_tokens: int = 0  # tokens the step may schedule (0: the engine's budget)
 
 
 @dataclass
@@ -136,7 +140,7 @@ class PhaseMachine:
             plan = self._mixed(view, 0 if blocked else room)
         else:
             kv_short = not view.head_fits and view.running > 0  # a completion will free blocks
-            plan = self._exclusive(view, room, blocked or kv_short, th.effective_k, th.prefill_steps)
+            plan = self._exclusive(view, room, blocked or kv_short, th)
         self.stats.steps[plan.phase] += 1
         self._last = plan
         return plan
@@ -153,7 +157,8 @@ class PhaseMachine:
             phase = StepKind.IDLE
         return StepPlan(phase, decode=True, prefill=True, max_admit=room)
 
-    def _exclusive(self, view: EngineView, room: int, blocked: bool, k: int, bound: int = 0) -> StepPlan:
+    def _exclusive(self, view: EngineView, room: int, blocked: bool, th: ThresholdUpdate) -> StepPlan:
+        k, bound = th.effective_k, th.prefill_steps
         admissible = 0 if blocked else min(view.waiting, room)
         freed = 0 if self._refilled_to is None else self._refilled_to - view.running
         if self.phase is StepKind.PREFILL:
@@ -169,7 +174,9 @@ class PhaseMachine:
                 self._prefill_run = 0  # the decoders' token, then the phase goes on
                 return StepPlan(StepKind.DECODE, decode=True, prefill=False, max_admit=0)
             self._prefill_run += 1
-            return StepPlan(StepKind.PREFILL, decode=False, prefill=True, max_admit=admissible)
+            return StepPlan(
+                StepKind.PREFILL, decode=False, prefill=True, max_admit=admissible, max_tokens=th.prefill_tokens
+            )
         if view.decoding > 0:
             return StepPlan(StepKind.DECODE, decode=True, prefill=False, max_admit=0)
         return StepPlan(StepKind.IDLE, decode=False, prefill=False, max_admit=0)

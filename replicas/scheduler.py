@@ -126,9 +126,11 @@ class EBPlusScheduler(Scheduler):
         )
         plan = self.machine.decide(view)
         visible = _visible(running, plan, prefilling)
-        cap = self.max_num_running_reqs
+        cap, budget = self.max_num_running_reqs, self.max_num_scheduled_tokens
         self.running = visible
         self.max_num_running_reqs = len(visible) + plan.max_admit if plan.prefill else len(visible)
+        if plan.max_tokens:  # a prefill step cut for a stall target
+            self.max_num_scheduled_tokens = min(budget, plan.max_tokens)
         t1 = time.perf_counter()
         try:
             out = super().schedule(throttle_prefills)
@@ -136,7 +138,7 @@ class EBPlusScheduler(Scheduler):
             t2 = time.perf_counter()
             if visible is not running:
                 self.running = _merge(running, visible, self.running)
-            self.max_num_running_reqs = cap
+            self.max_num_running_reqs, self.max_num_scheduled_tokens = cap, budget
         prefill_tokens, decode_tokens, kv_tokens = self._count_tokens(out)
         admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
         running_after = len(self.running)
