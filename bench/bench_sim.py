@@ -47,6 +47,7 @@ from ebplus.bench.sim import Policy, SimConfig, SimResult, simulate
 from ebplus.bench.sim_latency import SloTargets
 from ebplus.bench.workloads import build_requests, load_source
 from ebplus.controller import theory
+from ebplus.controller.config import ControllerConfig, PlannerConfig, SloConfig
 from ebplus.controller.cost_model import profile_names, resolve_profile
 
 BUDGET = 8192
@@ -150,6 +151,18 @@ def _typical_thresholds(res: SimResult) -> tuple[int | None, int]:
     return k, median([n for _, _, n, _ in tl], spans) or res.n_final
 
 
+def controller_for(slo: SloTargets | None) -> ControllerConfig | None:
+    """The online policies' controller for a goodput setting: told the targets it is scored by.
+
+    An operator who cares about latency sets ``controller.planner.slo``; the simulator's
+    per-request ITL criterion is each request's longest gap, which is the planner's
+    ``max_stall_s``.
+    """
+    if slo is None or (slo.ttft_s is None and slo.itl_s is None):
+        return None
+    return ControllerConfig(planner=PlannerConfig(slo=SloConfig(ttft_p99_s=slo.ttft_s, max_stall_s=slo.itl_s)))
+
+
 def run_task(task: Task) -> dict:
     """One policy on one setting, for each seed; returns the first seed's summary with the mean value."""
     prof = resolve_profile(task.profile)
@@ -159,7 +172,9 @@ def run_task(task: Task) -> dict:
     for i, seed in enumerate(task.seeds):
         reqs = build_requests(load_source(st.workload), seed=seed, requests=st.requests, concurrency=st.concurrency,
                               rate=st.rate, burst_cv=st.burst_cv, scale=task.scale)  # fmt: skip
-        res = simulate(prof, reqs, SimConfig(policy=task.policy, k=task.k, n=task.n, budget=BUDGET, slo=task.slo))
+        cfg = SimConfig(policy=task.policy, k=task.k, n=task.n, budget=BUDGET, slo=task.slo,
+                        controller=controller_for(task.slo))  # fmt: skip
+        res = simulate(prof, reqs, cfg)
         figures = res.as_json()
         latency.append([figures[key] for key in LATENCY_KEYS] + [res.switches_after(WARMUP_COMPLETIONS)])
         if st.metric == "goodput":

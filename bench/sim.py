@@ -415,12 +415,14 @@ class Simulator:
         self.finished += slots.size
         self.arrivals.inflight -= slots.size
         if self.controller is not None:
-            capped = self.reqs.capped
+            capped, arrival, gap = self.reqs.capped, self.arrivals.arrival_s, self.clock.req_gap
             for r in rids.tolist():  # seq: the request's index, i.e. its place in arrival order
                 finish = FinishReason.LENGTH if capped[r] else FinishReason.STOP
+                ttft = float(self.first_s[r] - arrival[r])
                 self._done_buf.append(
-                    CompletionRecord(int(self.inp[r]), int(self.out[r]), finish, seq=r, max_tokens=int(self.caps[r]))
-                )
+                    CompletionRecord(int(self.inp[r]), int(self.out[r]), finish, seq=r, max_tokens=int(self.caps[r]),
+                                     ttft_s=max(ttft, 0.0), stall_s=float(gap[r]))
+                )  # fmt: skip
         return int(slots.size)
 
     def _jump_length(self, plan: StepPlan, n_dec: int, dec: np.ndarray | None, chunks: list, steps_to_push: int) -> int:

@@ -134,15 +134,17 @@ class SimResult:
         return slo_report(targets, ttft, self.stall_s, self.tpot_s, self.sim_seconds)
 
     def switches_after(self, completions: int) -> int:
-        """Mode switches applied after the ``completions``-th completion (0 if the run has no more).
+        """Mode switches applied after the ``completions``-th completion and before the last arrival.
 
-        An oscillation count: the controller's first decisions are its cold start.
+        An oscillation count: the controller's first decisions are its cold start, and once
+        arrivals stop the load it was serving is gone.
         """
         if self.finish_s.size <= completions:
             return 0
         t = float(np.sort(self.finish_s)[completions - 1]) if completions > 0 else -np.inf
+        end = float(np.nanmax(self.arrival_s)) if self.arrival_s.size else np.inf  # then the load drains away
         tl = self.timeline
-        return sum(1 for a, b in itertools.pairwise(tl) if b[3] != a[3] and b[0] > t)
+        return sum(1 for a, b in itertools.pairwise(tl) if b[3] != a[3] and t < b[0] <= end)
 
     def phase_tok_per_s(self) -> list[float]:
         """Total tokens/s of each phase: its tokens over the time from its start to its last completion."""

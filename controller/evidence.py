@@ -43,7 +43,7 @@ import numpy as np
 
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.latency import Latency
-from ebplus.controller.messages import Mode, StepRecord
+from ebplus.controller.messages import CompletionRecord, Mode, StepRecord
 
 #: Columns of a ledger row: prefill tokens, decode tokens, KV read, seconds, running, starts a prefill phase.
 _COLUMNS = 6
@@ -134,6 +134,33 @@ class _Ledger:
         return self.rows[: self.size]
 
 
+@dataclass(frozen=True)
+class LatencyMeasurement:
+    """The latency requests saw while a mode ran (p99 over its recent completions)."""
+
+    completions: int
+    ttft_p99: float
+    stall_p99: float  # of each request's longest wait between two tokens
+
+
+class _LatencyRing:
+    """A bounded ring of (ttft, stall) of one mode's recent completions."""
+
+    def __init__(self, capacity: int) -> None:
+        self.rows = np.zeros((capacity, 2))
+        self.size = 0
+        self.head = 0
+
+    def add(self, records: Iterable[CompletionRecord]) -> None:
+        cap = self.rows.shape[0]
+        for rec in records:
+            if rec.ttft_s <= 0 or rec.output_len < 1:
+                continue  # not measured by this engine
+            self.rows[self.head] = (rec.ttft_s, rec.stall_s)
+            self.head = (self.head + 1) % cap
+            self.size = min(self.size + 1, cap)
+
+
 class ModeEvidence:
     """Per-mode step ledgers of one replica (see the module docstring).
 
@@ -144,13 +171,34 @@ class ModeEvidence:
             (switching) must be in the sample in their true proportion, not by chance.
     """
 
-    def __init__(self, window: int = 4096, min_steps: int = 32, min_phases: int = 4) -> None:
-        if window < 1 or min_steps < 1 or min_phases < 0:
-            raise ValueError("window and min_steps must be >= 1, min_phases >= 0")
+    def __init__(
+        self, window: int = 4096, min_steps: int = 32, min_phases: int = 4, latency_window: int = 1000,
+        min_completions: int = 100,
+    ) -> None:  # fmt: skip
+        if window < 1 or min_steps < 1 or min_phases < 0 or latency_window < 1 or min_completions < 1:
+            raise ValueError("window, min_steps, latency_window and min_completions must be >= 1, min_phases >= 0")
         self.window = window
         self.min_steps = min_steps
         self.min_phases = min_phases
+        self.latency_window = latency_window
+        self.min_completions = min_completions
         self._ledgers: dict[Mode, _Ledger] = {}
+        self._latency: dict[Mode, _LatencyRing] = {}
+
+    def observe_completions(self, mode: Mode, records: Iterable[CompletionRecord]) -> None:
+        """Add the latency of requests that finished while ``mode`` ran (those the engine measured)."""
+        ring = self._latency.get(mode)
+        if ring is None:
+            ring = self._latency[mode] = _LatencyRing(self.latency_window)
+        ring.add(records)
+
+    def latency(self, mode: Mode) -> LatencyMeasurement | None:
+        """p99 TTFT and stall of the mode's recent completions; ``None`` below ``min_completions``."""
+        ring = self._latency.get(mode)
+        if ring is None or ring.size < self.min_completions:
+            return None
+        ttft, stall = np.percentile(ring.rows[: ring.size], 99, axis=0)
+        return LatencyMeasurement(ring.size, float(ttft), float(stall))
 
     def observe(
         self, mode: Mode, records: Iterable[StepRecord], plan: int, lengths: tuple[float, float] | None = None
@@ -223,8 +271,9 @@ class ModeCheck:
     corrected: float  # predicted x bias: what the decision compares
     measured: ModeMeasurement | None
     stale: bool = False  # measured at another operating point (see LoopConfig.explore_reset)
-    latency: Latency | None = None  # predicted (with the measured correction); None without SLO targets
+    latency: Latency | None = None  # what the targets are checked against; None without SLO targets
     meets: bool | None = None  # the SLO targets (None: no targets)
+    latency_measured: LatencyMeasurement | None = None  # what the mode's requests saw, when it ran
     capacity: float = 0.0  # tokens/s with the batch at its cap (corrected)
 
 

@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ebplus.controller import persistence, views
@@ -42,6 +42,7 @@ from ebplus.controller.messages import (
     FinishReason,
     Mode,
     Registration,
+    RunningRequest,
     StepKind,
     StepRecord,
     TelemetryBatch,
@@ -89,6 +90,8 @@ class ReplicaState:
     step_seconds: dict[StepKind, Histogram] = field(default_factory=dict)
     evidence: ModeEvidence = field(default_factory=ModeEvidence)  # steps per mode (the closed loop)
     active_since: int = 0  # the version from which the replica was told to run current.active
+    max_seq: int = -1  # the newest admission the replica reported (completions, running requests)
+    switch_seq: int = -1  # max_seq when it last took up a new mode: older requests lived through the switch
     load_tokens: int = 0  # tokens the replica's steps computed since its last plan (the offered load)
     load_since: float | None = None  # when that count started
     load: float | None = None  # its average over plans (tokens/s)
@@ -255,8 +258,9 @@ class FleetController:
                             check_completion, self.rejected)  # fmt: skip
         steps = valid(self._fresh(replica, "next_step", clean.steps, clean.steps_from), check_step, self.rejected)
         self._ingest_completions(replica.replica_id, completions)
-        if clean.running is not None:
-            running = valid(clean.running, check_running, self.rejected)
+        running = None if clean.running is None else valid(clean.running, check_running, self.rejected)
+        self._attribute_latency(replica, running_mode, completions, running or ())
+        if running is not None:
             self.workload.observe_running(replica.replica_id, running, clean.running_total)
         replica.completed_since_plan += len(completions)
         self._ingest_steps(replica, steps)
@@ -266,6 +270,25 @@ class FleetController:
             replica.evidence.observe(running_mode, steps, replica.planner.state.plans, lengths)
         self._after_ingest(replica, clean)
         return replica.current
+
+    @staticmethod
+    def _attribute_latency(
+        replica: ReplicaState, mode: Mode | None, completions: list[CompletionRecord], running: Sequence[RunningRequest]
+    ) -> None:
+        """Latency evidence: requests admitted after the replica took up ``mode`` and finished under it.
+
+        A request's TTFT and stall are its whole life's: one that started under the other
+        mode says nothing clean of either, so only admissions newer than the switch count.
+        """
+        seqs = [r.seq for r in completions] + [r.seq for r in running]
+        newest = max(seqs, default=-1)
+        if mode is None:  # the push that straddles a switch: the requests admitted so far predate it
+            replica.switch_seq = max(replica.max_seq, newest)
+        elif completions:
+            clean = [r for r in completions if r.seq > replica.switch_seq]
+            if clean:
+                replica.evidence.observe_completions(mode, clean)
+        replica.max_seq = max(replica.max_seq, newest)
 
     @staticmethod
     def _running_mode(replica: ReplicaState) -> Mode | None:

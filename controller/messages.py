@@ -174,6 +174,9 @@ class CompletionRecord(Message, frozen=True, array_like=True, gc=False):
     ``max_tokens``, or what the model length leaves after the prompt; 0: unknown):
     a request that reaches it leaves at a time known when it was admitted.
     ``cached_tokens`` of the prompt were served from the prefix cache (not computed).
+    ``ttft_s`` (arrival to first token) and ``stall_s`` (its longest wait between two
+    output tokens) are what the request saw, as the engine measured it (0: not measured):
+    the controller checks each mode's latency targets against them.
     """
 
     input_len: int
@@ -182,6 +185,8 @@ class CompletionRecord(Message, frozen=True, array_like=True, gc=False):
     seq: int = -1
     max_tokens: int = 0
     cached_tokens: int = 0
+    ttft_s: float = 0.0
+    stall_s: float = 0.0
 
 
 class StepRecord(Message, frozen=True, array_like=True, gc=False):

@@ -26,13 +26,17 @@ from ebplus.controller import latency, theory
 from ebplus.controller.config import PlannerConfig
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import Estimate
-from ebplus.controller.evidence import Judgement, ModeCheck, ModeEvidence, ModeMeasurement, OperatingPoint
+from ebplus.controller.evidence import (
+    Judgement,
+    LatencyMeasurement,
+    ModeCheck,
+    ModeEvidence,
+    ModeMeasurement,
+    OperatingPoint,
+)
 from ebplus.controller.messages import Mode, ThresholdUpdate
 
 _OTHER = {Mode.EB: Mode.MB, Mode.MB: Mode.EB}
-#: With SLO targets, a load below this fraction of a mode's capacity leaves the choice to latency:
-#: (to switch to that mode, to stay in it).
-HEADROOM = {False: 0.8, True: 0.95}
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,9 @@ class ThresholdPlanner:
         context = estimate.decode_context
         settled = st.context is None or abs(context / st.context - 1.0) <= cfg.n_settle
         # evidence is priced with the model the steps were timed against: KV term and all
-        measured = evidence.measure_all(cost) if evidence is not None and cfg.loop.enabled else {}
+        looped = evidence is not None and cfg.loop.enabled
+        measured = evidence.measure_all(cost) if looped else {}
+        seen = {m: evidence.latency(m) for m in (Mode.EB, Mode.MB)} if looped else {}
         # the closed forms have no KV term: price it at this workload's mean decode context
         cost = cost.folded(context)
         # prefix-cache hits are blocks shared with other requests, held once, not per slot
@@ -158,7 +164,7 @@ class ThresholdPlanner:
                 th, k=k_choice.k, k_throughput=th.k, prefill_steps=bound.steps, prefill_tokens=bound.tokens
             )
         active, switched, xo, reason, judgement = self._choose_mode(
-            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice, load
+            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice, load, seen
         )
         st.theta, st.n_cap, st.plans, st.context = th.theta, th.n_cap, st.plans + 1, context
         sizing = self._explain(estimate, th, kv_tokens, n_prev, settled)
@@ -313,6 +319,7 @@ class ThresholdPlanner:
         cycle_s: float = 0.0,
         k_choice: latency.KChoice | None = None,
         load: float | None = None,
+        seen: dict[Mode, LatencyMeasurement | None] | None = None,
     ) -> tuple[Mode, bool, theory.Crossover | None, str, Judgement | None]:
         """The EB/MB choice: the model's two predictions, each corrected by what its mode measured.
 
@@ -334,7 +341,7 @@ class ThresholdPlanner:
                 )
             return st.active, False, None, f"hold: concurrency {th.n_obs:.1f} < {cfg.min_concurrency:g}", None
         xo = self._crossover(estimate, cost, th.k, th.n_eb)
-        j = self._judge(xo, measured, estimate, cost, th, cycle_s, k_choice, load)
+        j = self._judge(xo, measured, estimate, cost, th, cycle_s, k_choice, load, seen or {})
         if st.exploring is not None:
             return self._explore_step(j, xo, evidence, th.n_obs)
         ref = st.n_obs_at_switch
@@ -357,13 +364,6 @@ class ThresholdPlanner:
         if j.eb.meets is not None and j.eb.meets != j.mb.meets:
             feasible = Mode.EB if j.eb.meets else Mode.MB
             return None if feasible is active else feasible
-        if j.eb.meets and j.mb.meets and j.load is not None:
-            # both meet the targets: a load the one with more latency margin carries with headroom is its
-            # to serve (below capacity throughput does not decide what users see, latency does)
-            calmer = Mode.EB if j.eb.latency.margin(self.config.slo) > j.mb.latency.margin(self.config.slo) else Mode.MB
-            headroom = HEADROOM[calmer is active]  # hysteresis: stay up to the higher, come back below the lower
-            if j.load <= headroom * j.of(calmer).capacity:
-                return None if calmer is active else calmer
         band = self._band(j, active)
         if active is Mode.EB and j.margin > self.config.sticky_eb * band:
             return Mode.MB
@@ -381,11 +381,13 @@ class ThresholdPlanner:
         cycle_s: float,
         k_choice: latency.KChoice | None,
         load: float | None = None,
+        seen: dict[Mode, LatencyMeasurement | None] | None = None,
     ) -> Judgement:
         """Both modes' predictions corrected by their evidence: EB's per-cycle excess, MB's bias (1.0 unmeasured).
 
-        With SLO targets each mode's latency is predicted too (MB's step times scaled by
-        its bias) and checked against them.
+        With SLO targets each mode's latency is checked against them: the p99 TTFT and stall
+        its own requests saw when it has run at this load (``seen``), else the prediction
+        (MB's step times scaled by its bias), which must clear the targets by ``slo.safety``.
         """
         cfg = self.config
         here = measured.get(self.state.active)
@@ -396,7 +398,8 @@ class ThresholdPlanner:
             args = (*args[:6], th.prefill_tokens, cycle_s)
         tokens = estimate.mu_l + estimate.mu_o
         t_eb = 1.0 / (theory.tp_eb(th.k, th.n_eb, *args) * tokens)
-        # each mode's capacity (tokens/s) with the batch at its cap, for the headroom rule
+        t_eb_model = 1.0 / (theory.tp_eb(th.k, th.n_eb, *args[:7], 0.0) * tokens)  # as planned, nothing measured
+        # each mode's capacity (tokens/s) with the batch at its cap
         k_cap = min(th.n_cap - 1, max(1, round(th.k * th.n_cap / th.n_eb)))
         capacity = {
             Mode.EB: theory.tp_eb(k_cap, th.n_cap, *args) * tokens,
@@ -410,16 +413,22 @@ class ThresholdPlanner:
             mb_lat = latency.mb_latency(th.n_eb, cost, estimate.mu_l, estimate.mu_o, budget, queue)
             mb_lat = latency.Latency(mb_lat.ttft_p99 * mb_bias, mb_lat.itl_p99 * mb_bias, mb_lat.stall * mb_bias)
         checks = {}
-        for mode, predicted, corrected, lat in ((Mode.EB, xo.t_eb, t_eb, eb_lat), (Mode.MB, xo.t_mb, None, mb_lat)):
+        for mode, predicted, corrected, lat in ((Mode.EB, t_eb_model, t_eb, eb_lat), (Mode.MB, xo.t_mb, None, mb_lat)):
             m = measured.get(mode)
             if corrected is None:
                 corrected = predicted * (1.0 if m is None else m.bias)
             stale = m is not None and not m.point.near(point, cfg.loop.explore_reset)
+            lm = None if stale else (seen or {}).get(mode)
+            need = cfg.slo.safety
+            if lat is not None and lm is not None:  # measured: what the requests saw, no safety margin needed
+                lat, need = latency.Latency(lm.ttft_p99, lat.itl_p99, lm.stall_p99), 0.0
             margin = None if lat is None else lat.margin(cfg.slo)
-            meets = None if margin is None else margin >= cfg.slo.safety
+            meets = None if margin is None else margin >= need
             bias = corrected / predicted
             cap = capacity[mode] if mode is Mode.EB else capacity[mode] / bias
-            checks[mode] = ModeCheck(mode, predicted, bias, corrected, m, stale, lat, meets, cap)
+            checks[mode] = ModeCheck(
+                mode, predicted, bias, corrected, m, stale, lat, meets, latency_measured=lm, capacity=cap
+            )
         return Judgement.of_checks(checks[Mode.EB], checks[Mode.MB], self.state.exploring, load)
 
     @staticmethod

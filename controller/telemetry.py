@@ -35,6 +35,8 @@ from ebplus.controller.messages import (
 MAX_TOKENS_PER_REQUEST = 10_000_000
 # Steps slower than this are treated as corrupt (a stalled engine reports nothing).
 MAX_STEP_SECONDS = 600.0
+# A request's TTFT or stall above this (a day) is treated as corrupt.
+MAX_LATENCY_SECONDS = 86_400.0
 # KV tokens read by one step above this are treated as corrupt.
 MAX_KV_TOKENS = 10**11
 # Counters (drops, versions, record indices, engine stats) above this are treated as corrupt.
@@ -106,7 +108,26 @@ def check_completion(record: Any) -> CompletionRecord | str:
     seq = check_int(record.seq, -1, MAX_COUNT)
     if isinstance(seq, str):
         return seq
+    for value in (record.ttft_s, record.stall_s):
+        checked = check_seconds(value, MAX_LATENCY_SECONDS)
+        if isinstance(checked, str):
+            return checked
     return record
+
+
+def check_seconds(value: Any, limit: float) -> float | str:
+    """A duration in [0, ``limit``] seconds, or the reason it is not one."""
+    if value is None:
+        return "missing_field"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "bad_type"
+    if not math.isfinite(value):
+        return "not_finite"
+    if value < 0:
+        return "negative"
+    if value > limit:
+        return "absurd_value"
+    return float(value)
 
 
 def check_step(record: Any) -> StepRecord | str:
@@ -118,17 +139,11 @@ def check_step(record: Any) -> StepRecord | str:
         return values
     if values[0] + values[1] == 0:
         return "empty_step"
-    seconds = record.seconds
-    if seconds is None:
-        return "missing_field"
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        return "bad_type"
-    if not math.isfinite(seconds):
-        return "not_finite"
-    if seconds <= 0:
-        return "negative" if seconds < 0 else "out_of_range"
-    if seconds > MAX_STEP_SECONDS:
-        return "absurd_value"
+    seconds = check_seconds(record.seconds, MAX_STEP_SECONDS)
+    if isinstance(seconds, str):
+        return seconds
+    if seconds == 0:
+        return "out_of_range"
     kv = check_int(record.kv_tokens, 0, MAX_KV_TOKENS)
     if isinstance(kv, str):
         return kv

@@ -170,3 +170,39 @@ class TelemetryRecorder:
         self.dropped_completions = 0
         self.dropped_steps = 0
         return report
+
+
+class TokenTimes:
+    """Per running request: when its first output token came and its longest wait between two.
+
+    The scheduler calls :meth:`emitted` once per step with the requests that got an
+    output token in it (a decode, or the last chunk of a prompt) and :meth:`pop` when a
+    request leaves, for its ``(ttft_s, stall_s)``. Wall-clock (``time.time``), like
+    vLLM's request ``arrival_time``. A preempted request keeps its last token's time,
+    so its recompute shows as one long stall, as its client saw it.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._first: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+        self._gap: dict[str, float] = {}
+
+    def emitted(self, request_ids: Sequence[str]) -> None:
+        now = self.clock()
+        last, gap = self._last, self._gap
+        for rid in request_ids:
+            prev = last.get(rid)
+            if prev is None:
+                self._first[rid] = now
+                gap[rid] = 0.0
+            elif now - prev > gap[rid]:
+                gap[rid] = now - prev
+            last[rid] = now
+
+    def pop(self, request_id: str, arrival: float) -> tuple[float, float]:
+        """``(ttft_s, stall_s)`` of a request that leaves ((0, 0) if it emitted nothing)."""
+        first = self._first.pop(request_id, None)
+        self._last.pop(request_id, None)
+        stall = self._gap.pop(request_id, 0.0)
+        return (0.0, 0.0) if first is None else (max(0.0, first - arrival), stall)

@@ -60,7 +60,7 @@ from ebplus.controller.messages import (
 from ebplus.replicas import settings
 from ebplus.replicas.control import UTILITY
 from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
-from ebplus.replicas.recorder import TelemetryRecorder
+from ebplus.replicas.recorder import TelemetryRecorder, TokenTimes
 
 #: Running requests a drain reports at most (evenly spaced over the running list beyond it).
 RUNNING_SAMPLE = 512
@@ -100,6 +100,7 @@ class EBPlusScheduler(Scheduler):
             raise settings.SettingsError(f"EB+ scheduler settings ({config.source}): {exc}") from None
         self.machine = PhaseMachine(initial)
         self.recorder = TelemetryRecorder(config.scheduler.telemetry_buffer)
+        self.token_times = TokenTimes()
         self.facts = EngineFacts(
             kv_capacity_tokens=int(self.cache_config.num_gpu_blocks or 0) * int(self.block_size),
             max_num_seqs=self.max_num_seqs,
@@ -196,6 +197,16 @@ class EBPlusScheduler(Scheduler):
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         t0 = time.perf_counter()
         self.recorder.updated(scheduler_output)
+        requests = self.requests
+        # a token for each request whose prompt is computed (a decode, or its last chunk): num_computed_tokens
+        # was advanced when the step was scheduled
+        self.token_times.emitted(
+            [
+                rid
+                for rid in scheduler_output.num_scheduled_tokens
+                if (r := requests.get(rid)) is not None and r.num_computed_tokens >= r.num_prompt_tokens
+            ]
+        )
         self.recorder.counters["overhead_seconds"] += time.perf_counter() - t0
         return super().update_from_output(scheduler_output, model_runner_output)
 
@@ -203,6 +214,7 @@ class EBPlusScheduler(Scheduler):
         # Every finished, aborted or failed request passes here exactly once.
         # NOTE: stop strings are matched in the front-end and arrive as aborts.
         rid = request.request_id
+        ttft, stall = self.token_times.pop(rid, request.arrival_time)
         self.recorder.finished(
             CompletionRecord(
                 input_len=request.num_prompt_tokens,
@@ -211,6 +223,8 @@ class EBPlusScheduler(Scheduler):
                 seq=self._seq.pop(rid, -1),
                 max_tokens=self._cap(request),
                 cached_tokens=self._cached.pop(rid, 0),
+                ttft_s=ttft,
+                stall_s=stall,
             )
         )
         return super()._free_request(request, delay_free_blocks)

@@ -25,6 +25,8 @@ def machine(mode: Mode = Mode.EB, k: int = 4, n: int = 16, active: Mode = Mode.M
         ({"k": 1, "n": 4, "version": -1}, "version"),
         ({"k": True, "n": 4}, "k must be"),
         ({"k": 1, "n": 4, "active": "v0"}, "active"),
+        ({"k": 1, "n": 4, "prefill_steps": -1}, "prefill_steps"),
+        ({"k": 1, "n": 4, "prefill_tokens": 1.5}, "prefill_tokens"),
     ],
 )
 def test_threshold_update_rejects(kwargs: dict, match: str) -> None:
@@ -256,3 +258,25 @@ def test_head_fits_ignored_when_nothing_runs() -> None:
 
 def test_engine_view_defaults_to_head_fits() -> None:
     assert EngineView(running=1, prefilling=0, waiting=1).head_fits is True
+
+
+def test_a_bounded_prefill_phase_interleaves_decode_steps() -> None:
+    """prefill_steps = 2: after two prefill steps in a row the running decoders get a token, then the phase goes on."""
+    m = PhaseMachine(ThresholdUpdate(mode=Mode.EB, k=1, n=64, prefill_steps=2, prefill_tokens=512))
+    long_prefill = EngineView(running=10, prefilling=1, waiting=0)  # one prompt chunked over many steps
+    kinds = [m.decide(long_prefill) for _ in range(6)]
+    assert [p.phase for p in kinds] == [StepKind.PREFILL, StepKind.PREFILL, StepKind.DECODE] * 2
+    assert m.phase is StepKind.PREFILL and m.stats.prefill_phases == 1  # still one phase
+    assert all(p.max_tokens == 512 for p in kinds if p.phase is StepKind.PREFILL)  # capped prefill steps
+    assert all(p.max_tokens == 0 and p.decode and not p.prefill for p in kinds if p.phase is StepKind.DECODE)
+    # nothing decoding: nothing to interleave
+    alone = PhaseMachine(ThresholdUpdate(mode=Mode.EB, k=1, n=64, prefill_steps=1))
+    only_prefill = EngineView(running=1, prefilling=1, waiting=0)
+    assert [alone.decide(only_prefill).phase for _ in range(3)] == [StepKind.PREFILL] * 3
+
+
+def test_unbounded_prefill_phases_by_default() -> None:
+    m = PhaseMachine(ThresholdUpdate(mode=Mode.EB, k=1, n=64))
+    view = EngineView(running=10, prefilling=1, waiting=0)
+    assert {m.decide(view).phase for _ in range(8)} == {StepKind.PREFILL}
+    assert m.decide(view).max_tokens == 0

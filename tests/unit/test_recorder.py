@@ -17,7 +17,7 @@ from ebplus.controller.messages import (
     decode,
     encode,
 )
-from ebplus.replicas.recorder import TelemetryRecorder
+from ebplus.replicas.recorder import TelemetryRecorder, TokenTimes
 
 FACTS = EngineFacts(kv_capacity_tokens=1000, max_num_seqs=8, device="cpu")
 APPLIED = ThresholdUpdate(mode=Mode.MB, k=1, n=8)
@@ -157,3 +157,15 @@ def drain(rec: TelemetryRecorder) -> DrainReport:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="capacity"):
         TelemetryRecorder(0)
+
+
+def test_token_times_give_each_request_its_ttft_and_longest_stall() -> None:
+    now = [100.0]
+    times = TokenTimes(clock=lambda: now[0])
+    for t, emitted in ((100.5, ["a"]), (100.6, ["a", "b"]), (101.6, ["a", "b"]), (101.7, ["b"])):
+        now[0] = t
+        times.emitted(emitted)
+    assert times.pop("a", arrival=100.0) == pytest.approx((0.5, 1.0))  # first token 0.5 s in; 100.6 -> 101.6
+    assert times.pop("b", arrival=100.2) == pytest.approx((0.4, 1.0))
+    assert times.pop("never-ran", arrival=100.0) == (0.0, 0.0)  # aborted before its first token
+    assert times.pop("a", arrival=100.0) == (0.0, 0.0)  # forgotten once popped

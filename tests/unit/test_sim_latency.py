@@ -127,7 +127,11 @@ def test_mode_switches_after_warmup_ignore_the_cold_start(tmp_path: Path) -> Non
     res = two_requests(tmp_path)  # completions at 42 ms
     after_first = float(np.sort(res.finish_s)[0])
     tl = [(0.0, 1, 4, "mb"), (0.001, 1, 4, "eb"), (after_first + 1, 2, 4, "eb"), (after_first + 2, 2, 4, "mb")]
-    res = dataclasses.replace(res, timeline=tl)
+    arrivals = np.array([0.0, after_first + 3])  # the last request arrives after both switches
+    res = dataclasses.replace(res, timeline=tl, arrival_s=arrivals)
     assert res.switches_after(0) == 2
     assert res.switches_after(1) == 1
     assert res.switches_after(2) == 0  # the run has no more completions than that
+    # once the last request has arrived the load drains: a switch then is not oscillation
+    drained = dataclasses.replace(res, arrival_s=np.array([0.0, after_first + 1.5]))
+    assert drained.switches_after(1) == 0
