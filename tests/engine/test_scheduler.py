@@ -111,6 +111,20 @@ def test_mb_with_full_n_is_the_stock_scheduler(eb_tiny: Any, stock_tiny: Any, wo
     assert ours == seen
 
 
+def test_bounded_prefill_phases_keep_outputs_and_the_bounds(eb_tiny: Any, workload: Workload, reference: tuple) -> None:
+    """A stall target's cuts (one prefill step of at most 24 tokens, then a decode step) change no token."""
+    update = ThresholdUpdate(mode=Mode.EB, k=4, n=16, version=next(_versions), prefill_steps=1, prefill_tokens=24)
+    tokens, finish, done, drained, _ = run_mode(eb_tiny, workload, update)
+    assert (tokens, finish) == reference and done.prefill_steps == 1 and done.prefill_tokens == 24
+    steps = drained.steps
+    assert max(s.prefill_tokens for s in steps if s.kind is StepKind.PREFILL) <= 24
+    # (the interleaved decode steps' exact sequence is tests/unit/test_phases.py's)
+    # each request's latency as the scheduler timed it: first token after arrival, a stall at least a step
+    recs = drained.completions
+    assert all(r.ttft_s > 0 and r.stall_s >= 0 for r in recs)
+    assert any(r.stall_s > 0 for r in recs if r.output_len > 1)
+
+
 def test_telemetry_totals_equal_true_lengths(eb_tiny: Any, workload: Workload) -> None:
     for update in (thresholds("eb", 4, 16), thresholds("mb")):
         tokens, finish, _, drained, moved = run_mode(eb_tiny, workload, update)
@@ -127,7 +141,9 @@ def test_telemetry_totals_equal_true_lengths(eb_tiny: Any, workload: Workload) -
         assert seqs == list(range(seqs[0], seqs[0] + len(recs)))
         steps = drained.steps
         assert sum(s.prefill_tokens for s in steps) == sum(workload.prompt_lens)
-        assert sum(s.decode_tokens for s in steps) == sum(len(t) - 1 for t in tokens)  # the first comes with the prefill
+        assert sum(s.decode_tokens for s in steps) == sum(
+            len(t) - 1 for t in tokens
+        )  # the first comes with the prefill
         assert moved["preemptions"] == 0
         assert all(s.seconds > 0 for s in steps)
 
@@ -254,7 +270,9 @@ def test_control_channel_through_asyncllm(tiny_model: Path) -> None:
         from ebplus.replicas.settings import SCHEDULER_CLS, additional_config
 
         extra = additional_config({"scheduler": SchedulerSection(mode=Mode.EB, k=3, n=8)})
-        args = AsyncEngineArgs(model=str(tiny_model), scheduler_cls=SCHEDULER_CLS, additional_config=extra, **TINY_ENGINE)
+        args = AsyncEngineArgs(
+            model=str(tiny_model), scheduler_cls=SCHEDULER_CLS, additional_config=extra, **TINY_ENGINE
+        )
         with engine_env(EBPLUS_MODE="mb", VLLM_ENABLE_V1_MULTIPROCESSING="1"):  # additional_config wins
             engine = AsyncLLM.from_engine_args(args)
         try:
