@@ -49,6 +49,7 @@ from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_model import HardwareProfile
 from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import (
+    RUNNING_SAMPLE,
     CompletionRecord,
     DrainReport,
     EngineFacts,
@@ -64,9 +65,6 @@ from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
 from ebplus.replicas.pump import LocalController, TelemetryPump, run
 
 REPLICA_ID = "sim-0"
-#: At most this many running requests are reported per drain, evenly spaced over
-#: the running list (the vLLM scheduler's bound, ``replicas/scheduler.py`` RUNNING_SAMPLE).
-RUNNING_SAMPLE = 512
 #: Step kinds whose succession is a phase switch (see ``TrueCosts.phase_switch_s``).
 _EXCLUSIVE = {StepKind.PREFILL: StepKind.DECODE, StepKind.DECODE: StepKind.PREFILL}
 

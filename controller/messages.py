@@ -210,6 +210,11 @@ class StepRecord(Message, frozen=True, array_like=True, gc=False):
         return StepKind.of(self.prefill_tokens, self.decode_tokens)
 
 
+#: Running requests a drain reports at most, evenly spaced over the running list beyond it
+#: (the vLLM scheduler and the simulator both sample this way).
+RUNNING_SAMPLE = 512
+
+
 class RunningRequest(Message, frozen=True, array_like=True, gc=False):
     """A request still decoding when telemetry was sent: what the departure model needs of it.
 

@@ -48,6 +48,7 @@ from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
 from ebplus.controller.messages import (
+    RUNNING_SAMPLE,
     CompletionRecord,
     EngineFacts,
     FinishReason,
@@ -61,9 +62,6 @@ from ebplus.replicas import settings
 from ebplus.replicas.control import UTILITY
 from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
 from ebplus.replicas.recorder import TelemetryRecorder, TokenTimes
-
-#: Running requests a drain reports at most (evenly spaced over the running list beyond it).
-RUNNING_SAMPLE = 512
 
 # NOTE: a repetition stop cuts the output short of its natural end: report it as
 # an abort, which the controller treats as right-censored (like a length cap).
