@@ -48,7 +48,7 @@ from ebplus.bench.sim_latency import SloTargets
 from ebplus.bench.workloads import build_requests, load_source
 from ebplus.controller import theory
 from ebplus.controller.config import ControllerConfig, PlannerConfig, SloConfig
-from ebplus.controller.cost_model import profile_names, resolve_profile
+from ebplus.controller.cost_model import calibrated_profile_names, resolve_profile
 
 BUDGET = 8192
 # Published EB/MB total-throughput ratios, Table 4 ((512,256), c = 32/512/2048).
@@ -107,16 +107,6 @@ LATENCY_KEYS = ("tok_per_s", "goodput_req_per_s", "ttft_p99_s", "itl_p50_s", "it
 #: Completions after which a run counts its mode switches (``switches_after_warmup``): the
 #: controller's first decisions are its cold start, not oscillation.
 WARMUP_COMPLETIONS = 1000
-
-
-def calibrated_profiles() -> list[str]:
-    """The default grid: every shipped profile but the pinned scenarios (those with truth-only costs).
-
-    A pinned profile (``h200-switch``...) is a test of the control loop, not a GPU
-    calibration; it runs when named in ``--profiles``, so adding one never changes
-    the default tables and figures.
-    """
-    return [name for name in profile_names() if resolve_profile(name).truth is None]
 
 
 def _series(res: SimResult, bins: int = 120) -> dict:
@@ -540,7 +530,7 @@ def _first_paragraph(module: object) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    profiles = args.profiles.split(",") if args.profiles else calibrated_profiles()
+    profiles = args.profiles.split(",") if args.profiles else calibrated_profile_names()
     for name in profiles:
         resolve_profile(name)  # fail fast, one line
     out_dir = Path(args.out)

@@ -24,7 +24,7 @@ import numpy as np
 from ebplus.bench.sim import Policy, SimConfig, simulate
 from ebplus.bench.workloads import build_requests, load_source
 from ebplus.controller import theory
-from ebplus.controller.cost_model import profile_names, resolve_profile
+from ebplus.controller.cost_model import calibrated_profile_names, resolve_profile
 
 WORKLOADS = ("decode-heavy", "balanced", "prefill-heavy", "paper")
 CONCURRENCY = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="four concurrencies instead of ten")
     parser.add_argument("--workers", type=int, default=1, help="processes")
     args = parser.parse_args(argv)
-    profiles = args.profiles.split(",") if args.profiles else profile_names()
+    profiles = args.profiles.split(",") if args.profiles else calibrated_profile_names()
     print("\n".join(markdown(rows(profiles, args.quick, args.workers))))
     return 0
 

@@ -282,6 +282,16 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
+def calibrated_profile_names() -> list[str]:
+    """The shipped profiles but the pinned scenarios (those with truth-only costs, see :class:`TrueCosts`).
+
+    A pinned profile (``h200-switch``...) is a test of the control loop, not a GPU
+    calibration: benchmarks run it when named, so adding one never changes their default
+    tables and figures.
+    """
+    return [name for name in profile_names() if resolve_profile(name).truth is None]
+
+
 def resolve_profile(name_or_path: str | Path) -> HardwareProfile:
     """Load a shipped profile by name (``h200``) or any profile file by path."""
     path = Path(name_or_path)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from ebplus.bench import bench_open
-from ebplus.bench.bench_sim import POLICY_COLUMNS, SETTINGS, Task, calibrated_profiles, run_task, speed_check
+from ebplus.bench.bench_sim import POLICY_COLUMNS, SETTINGS, Task, run_task, speed_check
 from ebplus.bench.sim import Policy
 from ebplus.cli import main
+from ebplus.controller.cost_model import calibrated_profile_names
 
 
 def test_quick_grid_smoke(tmp_path: Path, capsys) -> None:
@@ -71,7 +72,7 @@ def test_each_value_is_the_mean_over_the_seeds() -> None:
 
 
 def test_default_grid_leaves_the_pinned_scenarios_out() -> None:
-    names = calibrated_profiles()
+    names = calibrated_profile_names()
     assert {"h200", "rtx-pro-6000", "l40s", "b300"} <= set(names)
     assert "h200-switch" not in names and "rtx-pro-6000-mixcurve" not in names
 
