@@ -24,7 +24,12 @@ from ebplus.deploy.config import ServeConfig
 
 
 @contextlib.contextmanager
-def _environment(env: dict[str, str]) -> Iterator[None]:
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set for one engine start, restored afterwards.
+
+    vLLM caches its environment variables once an engine core is up
+    (``enable_envs_cache``); the cache is dropped first so this engine reads ``env``.
+    """
     import vllm.envs
 
     saved = {key: os.environ.get(key) for key in env}
@@ -65,7 +70,7 @@ def start_llm(
         kwargs = engine_kwargs(cfg)
     else:
         kwargs = cfg.engine.engine_kwargs()
-    with _environment({**engine_env(cfg), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+    with environment({**engine_env(cfg), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
         return LLM(model=model_path, **{**kwargs, **(extra_engine_args or {})})
 
 

@@ -68,7 +68,7 @@ def check(profile: str, workload: str, c: int) -> Check:
         c,
         k,
         mb,
-        theory.tp_mb(c, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d, mu_l, mu_o, BUDGET),
+        theory.mb_steps(c, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d, mu_l, mu_o, BUDGET).tp,
         eb,
         theory.tp_eb(k, c, cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o, BUDGET),
     )

@@ -403,8 +403,8 @@ class ThresholdPlanner:
         k_cap = min(th.n_cap - 1, max(1, round(th.k * th.n_cap / th.n_eb)))
         capacity = {
             Mode.EB: theory.tp_eb(k_cap, th.n_cap, *args) * tokens,
-            Mode.MB: theory.tp_mb(th.n_cap, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d,
-                                  estimate.mu_l, estimate.mu_o, budget) * tokens,
+            Mode.MB: theory.mb_steps(th.n_cap, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d,
+                                  estimate.mu_l, estimate.mu_o, budget).tp * tokens,
         }  # fmt: skip
         eb_lat = mb_lat = None
         if cfg.slo.targets:

@@ -337,7 +337,7 @@ def tp_eb(
 
 @dataclass(frozen=True)
 class MixedSteps:
-    """How MB's steps divide at a given concurrency (see :func:`tp_mb`)."""
+    """How MB's steps divide at a given concurrency (see :func:`mb_steps`)."""
 
     tp: float  # requests/s
     share: float  # fraction of steps that carry prompt tokens (mixed steps)
@@ -392,20 +392,6 @@ def mb_steps(
     mixed_s, decode_s = alpha_mb + b * mixed_tokens, alpha_d + beta_d * decodes
     step = share * mixed_s + (1.0 - share) * decode_s
     return MixedSteps(tp=x / step, share=share, r=r, prefill_steps=s_p, mixed_s=mixed_s, decode_s=decode_s)
-
-
-def tp_mb(
-    n: int,
-    alpha_mb: float,
-    beta_mb_coeffs: Sequence[float],
-    alpha_d: float,
-    beta_d: float,
-    mu_l: float,
-    mu_o: float,
-    budget: float | None = None,
-) -> float:
-    """MB throughput in requests/s with ``n`` running requests (see :func:`mb_steps`)."""
-    return mb_steps(n, alpha_mb, beta_mb_coeffs, alpha_d, beta_d, mu_l, mu_o, budget).tp
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ebplus.bench.local_engine import environment
 from ebplus.controller.messages import DrainReport, ThresholdUpdate, decode, encode
 from ebplus.replicas.settings import SCHEDULER_CLS
 
@@ -29,25 +29,9 @@ TINY_KV_PRESSURE = {**TINY_ENGINE, "max_model_len": 512, "num_gpu_blocks_overrid
 
 @contextlib.contextmanager
 def engine_env(**env: str) -> Iterator[None]:
-    """Environment for one engine start, restored afterwards.
-
-    vLLM caches its environment variables once an engine core is up
-    (``enable_envs_cache``); the cache is dropped first so this engine reads ``env``.
-    """
-    import vllm.envs
-
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", **env}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    vllm.envs.disable_envs_cache()
-    try:
+    """The tests' engine environment (in-process core, 1 GiB of KV) plus ``env``, restored afterwards."""
+    with environment({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", **env}):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def make_llm(model: Path, engine: dict, scheduler: bool, **env: str) -> Any:

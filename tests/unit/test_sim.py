@@ -199,7 +199,9 @@ def test_step_mix_closed_forms_match_the_simulator(workload_name: str, concurren
     # uniform +-50% outputs: E[O^2] = mu_o^2 (1 + 0.5^2/3)
     cost = prof.cost_model().folded(mu_l + mu_o * (1 + 0.25 / 3) / 2)
     mb = simulate(prof, reqs, SimConfig(policy=Policy.MB, n=4096, budget=8192)).steady_req_per_s()
-    closed_mb = theory.tp_mb(concurrency, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d, mu_l, mu_o, 8192)
+    closed_mb = theory.mb_steps(
+        concurrency, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d, mu_l, mu_o, 8192
+    ).tp
     assert closed_mb == pytest.approx(mb, rel=0.05)
     k = max(1, theory.k_star(theory.theta0(1 / mu_o, cost.alpha_p, cost.alpha_d), concurrency))
     eb = simulate(prof, reqs, SimConfig(policy=Policy.EB, k=k, n=4096, budget=8192)).steady_req_per_s()

@@ -179,7 +179,7 @@ def test_tp_eb_rejects_k_at_or_above_n() -> None:
 
 
 def test_tp_mb_grows_with_concurrency() -> None:
-    values = [theory.tp_mb(n, 1e-3, (3e-5, 0, 0), 9e-3, 5e-5, 512, 256) for n in (8, 64, 512, 4096)]
+    values = [theory.mb_steps(n, 1e-3, (3e-5, 0, 0), 9e-3, 5e-5, 512, 256).tp for n in (8, 64, 512, 4096)]
     assert all(a < b for a, b in itertools.pairwise(values))
 
 
