@@ -135,7 +135,12 @@ class PhaseMachine:
         if self._blocked_at is not None and (view.running < self._blocked_at or view.running == 0):
             self._blocked_at = None  # a request finished: KV may fit a new one now
         blocked = self._blocked_at is not None
-        if th.active is Mode.MB:
+        after_prefill = self._last is not None and self._last.phase is StepKind.PREFILL and not self._last.decode
+        if th.active is Mode.MB and after_prefill and view.decoding > 0:
+            # EB -> MB right after an exclusive prefill step: the decoders' token first. A mixed step
+            # straight after it would stall them by both steps (0.39 s where EB's bound kept 0.22 s).
+            plan = StepPlan(StepKind.DECODE, decode=True, prefill=False, max_admit=0)
+        elif th.active is Mode.MB:
             self._refilled_to = None
             plan = self._mixed(view, 0 if blocked else room)
         else:

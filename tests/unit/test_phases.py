@@ -280,3 +280,23 @@ def test_unbounded_prefill_phases_by_default() -> None:
     view = EngineView(running=10, prefilling=1, waiting=0)
     assert {m.decide(view).phase for _ in range(8)} == {StepKind.PREFILL}
     assert m.decide(view).max_tokens == 0
+
+
+def test_a_switch_to_mb_after_a_prefill_step_gives_the_decoders_their_token_first() -> None:
+    """EB -> MB right after an exclusive prefill step: one decode-only step, then MB's mixed steps.
+
+    A mixed step straight after the prefill step would hold the decoders' next token for both
+    steps (in the simulator, H200: 0.39 s where EB's prefill bound kept every gap at 0.22 s).
+    """
+    m = PhaseMachine(ThresholdUpdate(mode=Mode.AUTO, k=2, n=64, active=Mode.EB, prefill_steps=1))
+    busy = EngineView(running=20, prefilling=0, waiting=8)
+    assert m.decide(busy).phase is StepKind.PREFILL
+    m.apply(ThresholdUpdate(mode=Mode.AUTO, k=2, n=64, active=Mode.MB))
+    first, then = m.decide(busy), m.decide(busy)
+    assert (first.phase, first.prefill, first.max_admit) == (StepKind.DECODE, False, 0)
+    assert (then.phase, then.max_admit) == (StepKind.MIXED, 44)
+    # nothing decoding: nothing to hold back
+    idle = PhaseMachine(ThresholdUpdate(mode=Mode.AUTO, k=2, n=64, active=Mode.EB))
+    assert idle.decide(EngineView(running=0, prefilling=0, waiting=8)).phase is StepKind.PREFILL
+    idle.apply(ThresholdUpdate(mode=Mode.AUTO, k=2, n=64, active=Mode.MB))
+    assert idle.decide(EngineView(running=8, prefilling=8, waiting=0)).phase is StepKind.PREFILL
