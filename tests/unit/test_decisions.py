@@ -20,8 +20,8 @@ def run(profile, requests, policy: Policy, planner: PlannerConfig | None = None,
 
 
 def test_the_closed_loop_corrects_a_prior_that_lacks_a_phase_switch_cost() -> None:
-    """H200 whose phase switches really cost 50 ms, unknown to the model: measured per cycle, EB+ recovers."""
-    truth = resolve_profile("h200").model_copy(update={"truth": TrueCosts(phase_switch_s=0.05)})
+    """H200 whose phase switches really cost 100 ms, unknown to the model: measured per cycle, EB+ recovers."""
+    truth = resolve_profile("h200").model_copy(update={"truth": TrueCosts(phase_switch_s=0.1)})
     reqs = build_requests(load_source("paper"), seed=3, requests=4000, concurrency=2048)
     best = max(run(truth, reqs, Policy.MB).tok_per_s, run(truth, reqs, Policy.EB, k=256).tok_per_s)
     looped = run(truth, reqs, Policy.EBPLUS).tok_per_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -66,6 +67,21 @@ def test_k_follows_observed_concurrency_below_cap() -> None:
     assert plan.n_eb == 100 and plan.k == theory.k_star(plan.theta, 100)
     latency_aware = ThresholdPlanner(PlannerConfig(max_num_seqs=1024)).plan(estimate(), H200, 10**9, n_obs=100)
     assert latency_aware.k_throughput == plan.k and latency_aware.k <= plan.k
+
+
+def test_departures_that_are_the_caps_keep_the_throughput_k() -> None:
+    """Every request ended at its cap (``model: caps``): the closed forms' flat optimum is not
+    what the engine sees, so no throughput is spent for latency unless targets ask for it."""
+    capped = dataclasses.replace(estimate(), model="caps")
+    default = PlannerConfig(max_num_seqs=1024)
+    assert default.slo.tolerance > 0
+    plan = ThresholdPlanner(default).plan(capped, H200, 10**9, n_obs=5000)
+    throughput = ThresholdPlanner(PlannerConfig(max_num_seqs=1024, slo=THROUGHPUT_K)).plan(capped, H200, 10**9, 5000)
+    assert plan.k == throughput.k
+    natural = ThresholdPlanner(default).plan(estimate(), H200, 10**9, n_obs=5000)
+    assert natural.k < natural.k_throughput  # the rule still applies to natural stops
+    targets = PlannerConfig(max_num_seqs=1024, slo=SloConfig(max_stall_s=0.3))
+    assert ThresholdPlanner(targets).plan(capped, H200, 10**9, n_obs=1024).k < plan.k
 
 
 def test_theta_is_smoothed() -> None:
