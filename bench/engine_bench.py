@@ -57,7 +57,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,14 @@ from ebplus.bench.prompts import chat_requests
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.fleet import FleetController
-from ebplus.controller.messages import CompletionRecord, DrainReport, FinishReason, Mode, ThresholdUpdate
+from ebplus.controller.messages import (
+    CompletionRecord,
+    DrainReport,
+    FinishReason,
+    Mode,
+    StepRecord,
+    ThresholdUpdate,
+)
 from ebplus.controller.views import ThresholdsView
 from ebplus.replicas.control import LocalEngineControl
 from ebplus.replicas.pump import LocalController, TelemetryPump, run
@@ -91,7 +98,8 @@ class Trace:
     ``durations[i]``: seconds from the end of step ``i-1`` to the end of step ``i``
     (so they add up to the run's wall time); ``tokens[i]``: tokens it scheduled.
     Request events are step indices: ``submit`` (submitted after that step; -1 =
-    before the first), ``first`` (first token out), ``finish``.
+    before the first), ``first`` (first token out), ``finish``; ``reason`` is each
+    request's finish reason as vLLM gives it (``stop`` or ``length``).
     """
 
     durations: list[float] = field(default_factory=list)
@@ -100,6 +108,7 @@ class Trace:
     first: dict[str, int] = field(default_factory=dict)
     finish: dict[str, int] = field(default_factory=dict)
     n_out: dict[str, int] = field(default_factory=dict)
+    reason: dict[str, str] = field(default_factory=dict)
 
     def aligned(self, other: Trace) -> bool:
         return self.tokens == other.tokens and self.first == other.first and self.finish == other.finish
@@ -171,16 +180,24 @@ class StepTimer:
 def closed_loop(
     llm: Any,
     prompts: list[dict],
-    max_tokens: int,
+    max_tokens: int | Sequence[int],
     concurrency: int,
     timer: StepTimer,
     tick: Callable[[], None] | None = None,
+    ignore_eos: bool = False,
 ) -> Trace:
-    """Serve all prompts with ``concurrency`` in flight, one engine step at a time."""
+    """Serve all prompts with ``concurrency`` in flight, one engine step at a time.
+
+    ``max_tokens``: one cap for every request, or one per prompt; with ``ignore_eos``
+    every request runs to its cap (``vllm bench serve --ignore-eos``).
+    """
     from vllm import SamplingParams
 
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    caps = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    if len(caps) != len(prompts):
+        raise ValueError(f"max_tokens: {len(caps)} caps for {len(prompts)} prompts")
+    params = [SamplingParams(temperature=0.0, max_tokens=cap, ignore_eos=ignore_eos) for cap in caps]
     trace = Trace()
     queue = list(enumerate(prompts))[::-1]
     in_flight: set[str] = set()
@@ -191,7 +208,7 @@ def closed_loop(
         rid = f"bench-{i}"
         trace.submit[rid] = after_step
         in_flight.add(rid)
-        engine.add_request(rid, prompt, params)
+        engine.add_request(rid, prompt, params[i])
 
     # Every run starts from an empty prefix cache: the request set repeats across runs,
     # and hits left by an earlier run would change what this one computes.
@@ -214,6 +231,7 @@ def closed_loop(
             if out.finished:
                 trace.finish[rid] = step
                 trace.n_out[rid] = n
+                trace.reason[rid] = str(out.outputs[0].finish_reason)
                 in_flight.discard(rid)
                 if queue:
                     submit(step)
@@ -228,13 +246,26 @@ def closed_loop(
 
 class ControlLoop:
     """The replica's control loop, in-process: the replicas' own :class:`TelemetryPump` every
-    ``interval_s`` against an in-process :class:`FleetController` (no Ray, no wire)."""
+    ``interval_s`` against an in-process :class:`FleetController` (no Ray, no wire).
 
-    def __init__(self, scheduler: Any, prior: CostModel, controller_config: ControllerConfig, interval_s: float = 0.5):
+    With ``every_steps`` the cycle runs after every that many engine steps instead
+    (the simulator's ``telemetry_steps``), so a simulated run sees the same cadence.
+    """
+
+    def __init__(
+        self,
+        scheduler: Any,
+        prior: CostModel,
+        controller_config: ControllerConfig,
+        interval_s: float = 0.5,
+        every_steps: int = 0,
+    ):
         self.engine = _RecordingEngine(LocalEngineControl(scheduler))
         self.controller = LocalController(FleetController(controller_config))
         self.pump = TelemetryPump("bench", Mode.AUTO, prior=lambda _: prior, capacity=1 << 20)
         self.interval = interval_s
+        self.every_steps = every_steps
+        self.calls = 0
         self.next = 0.0
         self()  # register: the cold thresholds apply from the first step
 
@@ -242,11 +273,21 @@ class ControlLoop:
     def history(self) -> list[dict]:
         return self.engine.history
 
+    @property
+    def steps(self) -> list[StepRecord]:
+        """Every step record the cycles drained (they went to the controller)."""
+        return self.engine.steps
+
     def __call__(self) -> None:
-        now = time.perf_counter()
-        if now < self.next:
-            return
-        self.next = now + self.interval
+        self.calls += 1
+        if self.every_steps:
+            if (self.calls - 1) % self.every_steps:
+                return
+        else:
+            now = time.perf_counter()
+            if now < self.next:
+                return
+            self.next = now + self.interval
         run(self.pump.cycle(), self.engine, self.controller)
 
 
@@ -256,9 +297,12 @@ class _RecordingEngine:
     def __init__(self, control: LocalEngineControl) -> None:
         self.control = control
         self.history: list[dict] = []
+        self.steps: list[StepRecord] = []
 
     def drain(self) -> DrainReport:
-        return self.control.drain()
+        report = self.control.drain()
+        self.steps.extend(report.steps)
+        return report
 
     def apply(self, update: ThresholdUpdate) -> ThresholdUpdate:
         applied = self.control.apply(update)

