@@ -263,3 +263,12 @@ def test_the_loop_runs_while_the_app_serves_and_stops_with_it(monkeypatch: pytes
     assert core.drains == drains
     (replica,) = plugin.runtime.controller.fleet.replicas
     assert replica.startswith("vllm-") and plugin.runtime.pump.registered
+
+
+def test_the_docs_page_names_what_the_plugin_reads() -> None:
+    text = (REPO / "docs" / "plain-vllm.md").read_text()
+    sections = set(PluginSettings.model_fields) - {"source"}
+    missing = [f"`{key}`" for key in sorted(sections | vllm_plugin.REPLICA_KEYS) if f"`{key}`" not in text]
+    assert not missing, f"docs/plain-vllm.md does not name {missing}"
+    for entry in ("ebplus.replicas.control:install_engine_utility", "ebplus.deploy.vllm_plugin:EBPlusEndpoint"):
+        assert entry in text
