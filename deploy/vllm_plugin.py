@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import uuid
 from argparse import Namespace
@@ -216,6 +217,9 @@ class EBPlusRuntime:
         token = load_secret(auth.admin_token_env, auth.admin_token_file)
         admin.install_service(admin.AdminService(self.client, token, self.model_id))
         _register_metrics(self.metrics)
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # vLLM then serves /metrics from the processes' metric files, not from this registry
+            logger.warning("PROMETHEUS_MULTIPROC_DIR is set: vLLM's /metrics will not carry the ebplus_* metrics")
         if not token.configured:
             logger.warning("EB+ admin mutations are disabled: no admin token in %s", token.source)
 

@@ -56,10 +56,14 @@ def install_engine_utility() -> None:
     way to reach the scheduler, so we add one method. The signature must be
     ``(method, args)``: vLLM checks ``len(args)`` against the declared parameters,
     and ``*args`` would count as one. It only forwards to a scheduler that has the
-    method, so installing it in an engine that does not run EB+ changes nothing.
+    method, so installing it in an engine that does not run EB+ changes nothing; vLLM
+    runs it in every process of every engine where this package is installed (unless
+    ``VLLM_PLUGINS`` leaves it out), so it must not fail.
     """
-    from vllm.v1.engine.core import EngineCore
-
+    try:
+        from vllm.v1.engine.core import EngineCore
+    except ImportError:  # another vLLM layout: vLLM runs general plugins unguarded, so never fail its start
+        return
     if getattr(EngineCore, UTILITY, None) is not _ebplus_call:
         setattr(EngineCore, UTILITY, _ebplus_call)
 
