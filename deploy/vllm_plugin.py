@@ -76,7 +76,7 @@ logger = logging.getLogger("vllm.ebplus.plugin")
 #: The plugin's name: the entry point in both groups, and what ``VLLM_PLUGINS`` lists.
 PLUGIN_NAME = "ebplus"
 
-#: Seconds one drain or apply may take (an in-process controller never times out).
+#: Limit of one controller call in a push cycle (the in-process transport answers at once; kept for arun's contract).
 PUSH_TIMEOUT_S = 2.0
 
 #: ``replicas.*`` keys that mean something under plain vLLM (the others size a Ray deployment).
@@ -267,9 +267,18 @@ def replica_id() -> str:
     return f"vllm-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
 
-def served_model_name(vllm_config: Any) -> str:
-    name = vllm_config.model_config.served_model_name
-    return str(name[0] if isinstance(name, list | tuple) else name)
+def served_model_name(vllm_config: Any, args: Namespace | None) -> str:
+    """The first name ``/v1/models`` lists, as vLLM's API server derives it from its arguments.
+
+    Not ``model_config.served_model_name``: with ``HF_HUB_OFFLINE`` vLLM resolves a Hub
+    id to its snapshot directory there, while the API server still serves the id.
+    """
+    names = getattr(args, "served_model_name", None) or [getattr(args, "model", None)]
+    name = names[0] if isinstance(names, list | tuple) else names
+    if not name:
+        name = vllm_config.model_config.served_model_name
+        name = name[0] if isinstance(name, list | tuple) else name
+    return str(name)
 
 
 async def create_runtime(engine_client: Any, args: Namespace | None) -> EBPlusRuntime:
@@ -286,7 +295,7 @@ async def create_runtime(engine_client: Any, args: Namespace | None) -> EBPlusRu
     check_topology(vllm_config, args)
     check_scheduler(vllm_config)
     config = load_settings(vllm_config.additional_config)
-    return EBPlusRuntime(engine_client, config, served_model_name(vllm_config))
+    return EBPlusRuntime(engine_client, config, served_model_name(vllm_config, args))
 
 
 class EBPlusEndpoint:

@@ -134,6 +134,20 @@ def test_more_than_one_api_server_or_engine_is_refused(config, args, match: str)
         vllm_plugin.check_topology(config, args)
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (Namespace(model="org/name", served_model_name=None), "org/name"),
+        (Namespace(model="org/name", served_model_name=["alias", "other"]), "alias"),
+        (None, "/cache/snapshots/abc"),
+    ],
+)
+def test_the_metrics_model_label_is_the_name_the_server_lists(args: Namespace | None, expected: str) -> None:
+    """Offline, vLLM's model config holds the snapshot directory; /v1/models still lists the Hub id."""
+    config = SimpleNamespace(model_config=SimpleNamespace(served_model_name="/cache/snapshots/abc"))
+    assert vllm_plugin.served_model_name(config, args) == expected
+
+
 def test_the_entry_points_name_the_plugin_objects() -> None:
     groups = {
         "vllm.general_plugins": "ebplus.replicas.control:install_engine_utility",
