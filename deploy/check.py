@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import importlib.metadata
+import logging
 import os
 import shutil
 import subprocess
@@ -123,9 +125,18 @@ def model_dir(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> Path | 
 def engine_fields() -> dict[str, dataclasses.Field] | None:
     """vLLM's ``EngineArgs`` fields by name, or ``None`` when vLLM is not installed here."""
     try:
-        from vllm.engine.arg_utils import EngineArgs
+        importlib.import_module("vllm.logger")  # configures vLLM's logging, so the level below sticks
     except ImportError:
         return None
+    # NOTE: importing the engine arguments logs vLLM's platform notes (Triton, ...): not
+    # about the config, so they stay out of the one-line-per-problem output.
+    quiet = logging.getLogger("vllm")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    finally:
+        quiet.setLevel(level)
     return {f.name: f for f in dataclasses.fields(EngineArgs) if not f.name.startswith("_")}
 
 
