@@ -26,6 +26,9 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from ebplus.controller import exporter
@@ -167,7 +170,31 @@ def _unprocessable(field: str, message: str) -> HTTPException:
 # ---------------------------------------------------------------------------
 # routes
 
-router = APIRouter()
+
+class AdminRoute(APIRoute):
+    """A route that answers its own errors in FastAPI's shape, whatever app hosts it.
+
+    ``{"detail": ...}`` bodies, 422 with the field's location for a bad body, and
+    the ``WWW-Authenticate`` / ``Retry-After`` headers - what the API documents.
+    Needed under plain vLLM: its app-wide handlers turn every ``HTTPException``
+    into an OpenAI error object (dropping the headers) and a 422 into a 400.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except HTTPException as exc:
+                return await http_exception_handler(request, exc)
+            except RequestValidationError as exc:
+                return await request_validation_exception_handler(request, exc)
+
+        return handle
+
+
+router = APIRouter(route_class=AdminRoute)
 
 
 @router.get("/admin/thresholds", response_model=ThresholdsResponse, tags=["admin"])
@@ -247,3 +274,11 @@ async def health(service: Service) -> HealthResponse:
     except ControllerUnavailable:
         ping = None
     return HealthResponse(status="ok", controller=ping is not None, version=None if ping is None else ping.version)
+
+
+def admin_router() -> APIRouter:
+    """The ``/admin`` routes alone, for a server with its own ``/metrics`` and ``/health``
+    (the plain-vLLM plugin adds them to vLLM's app; our metrics join vLLM's registry)."""
+    admin_only = APIRouter()
+    admin_only.routes.extend(route for route in router.routes if getattr(route, "path", "").startswith("/admin"))
+    return admin_only

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ebplus.deploy import sources
 from ebplus.deploy.config import ServeConfig, parse_config
 from ebplus.replicas import settings
 from ebplus.replicas.settings import SCHEDULER_CLS
@@ -27,7 +28,7 @@ def model_path(cfg: ServeConfig, build: bool = False) -> str:
     """Filesystem path of the model; builtin models are built when ``build`` is set."""
     source = cfg.model.source
     if not source.startswith("builtin:"):
-        return source
+        return sources.parse(source).for_vllm()  # a Hub id (hf:// dropped) or an absolute directory
     from ebplus.deploy import models
 
     name = source.removeprefix("builtin:")

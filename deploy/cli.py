@@ -32,7 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--config", type=Path, default=Path("deploy/local.yaml"), help="deployment config (YAML)")
     s.add_argument("--port", type=int, default=None, help="override http.port")
     s.add_argument("--host", default=None, help="override http.host")
-    s.add_argument("--check", action="store_true", help="validate the config and exit")
+    s.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config and exit: the schema, then offline checks of model.source, the engine "
+        "arguments against vLLM's and the devices (serving runs the same checks before starting Ray)",
+    )
     s.add_argument(
         "--deploy-timeout",
         type=float,
@@ -148,9 +153,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"ebplus serve: {exc}", file=sys.stderr)
         return 2
-    if args.check:
-        print(f"{args.config}: ok")
-        return 0
+    from ebplus.deploy.check import report
+
+    status = report(cfg, args.config, check_only=args.check)  # offline checks, before Ray starts
+    if status is not None:
+        return status
     if args.deploy_timeout < 0:
         raise CommandError(f"--deploy-timeout must be >= 0 seconds, got {args.deploy_timeout:g}")
 

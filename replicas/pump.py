@@ -21,6 +21,8 @@ Pure: no vLLM or Ray import.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Generator
@@ -290,3 +292,35 @@ async def arun(cycle: Cycle, engine: AsyncEngine, controller: ControllerClient, 
                     reply = await controller.ingest(call.batch, timeout_s)
             except ControllerUnavailable as exc:
                 failure = exc
+
+
+async def arun_forever(
+    pump: TelemetryPump,
+    engine: AsyncEngine,
+    controller: ControllerClient,
+    interval_s: float,
+    timeout_s: float,
+    log: logging.Logger,
+    engine_stopped: Callable[[], bool] = lambda: False,
+) -> None:
+    """A replica's telemetry task: :meth:`TelemetryPump.cycle` every ``interval_s`` until cancelled.
+
+    Nothing a cycle meets ends the task (serving must not depend on it): an error is
+    logged and the next cycle runs; an unreachable controller is logged as a warning.
+    The one exception: a cycle that fails once ``engine_stopped()`` says the engine is
+    gone (shutting down, or dead - the server reports that itself) ends the task quietly.
+    """
+    while True:
+        failures = pump.push_failures
+        try:
+            await arun(pump.cycle(), engine, controller, timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never let telemetry kill the replica
+            if engine_stopped():
+                log.info("engine stopped: the telemetry of replica %s stops", pump.replica_id)
+                return
+            log.exception("telemetry push failed on replica %s", pump.replica_id)
+        if pump.push_failures > failures:
+            log.warning("controller unreachable from %s: %s", pump.replica_id, pump.last_error)
+        await asyncio.sleep(interval_s)

@@ -36,6 +36,8 @@ On CPU vLLM forces synchronous scheduling.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from typing import Any
 
@@ -44,7 +46,6 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import FinishReason as VllmFinishReason
-from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
 from ebplus.controller.messages import (
@@ -59,9 +60,16 @@ from ebplus.controller.messages import (
     encode,
 )
 from ebplus.replicas import settings
-from ebplus.replicas.control import UTILITY
+from ebplus.replicas.compat import check_vllm_version
+from ebplus.replicas.control import install_engine_utility
 from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
 from ebplus.replicas.recorder import TelemetryRecorder, TokenTimes
+
+# a child of vLLM's logger: our lines get the engine core's prefix and format
+logger = logging.getLogger("vllm.ebplus.scheduler")
+
+#: Seconds after start-up by which a controller has drained an engine it drives.
+CONTROLLER_GRACE_S = 120.0
 
 # NOTE: a repetition stop cuts the output short of its natural end: report it as
 # an abort, which the controller treats as right-censored (like a length cap).
@@ -89,6 +97,7 @@ class EBPlusScheduler(Scheduler):
         return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_vllm_version()
         super().__init__(*args, **kwargs)
         self.max_num_seqs = self.max_num_running_reqs  # start-up cap: N may only lower it
         config = settings.load(self.vllm_config.additional_config)
@@ -109,6 +118,9 @@ class EBPlusScheduler(Scheduler):
         self._next_seq = 0
         self._seq: dict[str, int] = {}  # request id -> arrival order at this engine
         self._cached: dict[str, int] = {}  # request id -> prompt tokens its first step found in the prefix cache
+        self._drained = threading.Event()
+        if initial.mode is Mode.AUTO:
+            _warn_unless_drained(self._drained)
 
     # -- one step ---------------------------------------------------------
 
@@ -265,6 +277,7 @@ class EBPlusScheduler(Scheduler):
 
     def ebplus_drain(self) -> bytes:
         """Telemetry since the last drain, the running requests, counters and the engine's facts."""
+        self._drained.set()
         ps = self.machine.stats
         report = self.recorder.drain(
             self.facts,
@@ -308,6 +321,27 @@ def _merge(before: list[Request], visible: list[Request], after: list[Request]) 
     return merged
 
 
+def _warn_unless_drained(drained: threading.Event) -> None:
+    """Warn once if no controller reads this engine soon after start: ``auto`` would run MB for good.
+
+    A controller drains every engine it drives within a second of start-up (the
+    Ray replica, or the plain-vLLM plugin enabled with ``VLLM_PLUGINS=ebplus``). A
+    daemon timer, so the step loop pays nothing for the check.
+    """
+
+    def check() -> None:
+        if not drained.is_set():
+            logger.warning(
+                "EB+ mode auto follows a controller, but none has read this engine's telemetry in %.0f s: it runs MB. "
+                "Under plain vLLM enable the plugin (VLLM_PLUGINS=ebplus, see the EB+ Serve docs), or set mode eb|mb.",
+                CONTROLLER_GRACE_S,
+            )
+
+    timer = threading.Timer(CONTROLLER_GRACE_S, check)
+    timer.daemon = True
+    timer.start()
+
+
 def _device_name() -> str:
     """The accelerator's name (``cpu`` on CPU); NVML on CUDA, so no CUDA context here."""
     try:
@@ -316,25 +350,6 @@ def _device_name() -> str:
         return str(getattr(current_platform, "device_name", "unknown"))
 
 
-def _ebplus_call(self: EngineCore, method: str, args: list | tuple = ()) -> Any:
-    """Engine-core utility: call ``scheduler.<method>(*args)``; only ``ebplus_*`` methods.
-
-    Clients: ``AsyncLLM.engine_core.call_utility_async("ebplus_call", "ebplus_drain", [])``
-    (see :class:`ebplus.replicas.control.EngineControl`), ``LLM`` with a separate engine
-    process: ``llm.llm_engine.engine_core.call_utility(...)``; in-process engines
-    have no utility channel: call ``engine_core.engine_core.ebplus_call(...)``.
-    """
-    if not method.startswith("ebplus_"):
-        raise ValueError(f"{UTILITY} only forwards ebplus_* methods, got {method!r}")
-    scheduler = self.scheduler
-    if not isinstance(scheduler, EBPlusScheduler):
-        raise TypeError(f"the engine's scheduler is {type(scheduler).__name__}, not EBPlusScheduler")
-    return getattr(scheduler, method)(*args)
-
-
-# NOTE: vLLM answers utility calls with getattr(engine_core, name) and has no way
-# to reach the scheduler, so we add one method. This module is imported inside the
-# engine-core process when scheduler_cls is resolved, before any call can arrive.
-# The signature must be (method, args): vLLM checks len(args) against the declared
-# parameters, and *args would count as one.
-setattr(EngineCore, UTILITY, _ebplus_call)
+# The control channel exists wherever this module is imported (the engine core resolves
+# scheduler_cls before any call can arrive), also when VLLM_PLUGINS leaves our general plugin out.
+install_engine_utility()

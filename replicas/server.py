@@ -27,7 +27,7 @@ from ebplus.controller.views import ThresholdsView
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.control import EngineControl
 from ebplus.replicas.profiles import prior_for_device
-from ebplus.replicas.pump import TelemetryPump, arun
+from ebplus.replicas.pump import TelemetryPump, arun_forever
 
 # a child of Ray Serve's logger, so lines land in the replica's log with its id
 logger = logging.getLogger("ray.serve.ebplus")
@@ -65,17 +65,7 @@ class EBPlusServer(LLMServer):
     async def _telemetry_loop(self) -> None:
         assert self._control is not None
         interval = self._section.telemetry_interval_s
-        while True:
-            failures = self._pump.push_failures
-            try:
-                await arun(self._pump.cycle(), self._control, self._controller, PUSH_TIMEOUT_S)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # never let telemetry kill the replica
-                logger.exception("telemetry push failed on replica %s", self._pump.replica_id)
-            if self._pump.push_failures > failures:
-                logger.warning("controller unreachable from %s: %s", self._pump.replica_id, self._pump.last_error)
-            await asyncio.sleep(interval)
+        await arun_forever(self._pump, self._control, self._controller, interval, PUSH_TIMEOUT_S, logger)
 
     # -- callable through the deployment handle ------------------------------
 

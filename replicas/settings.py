@@ -9,9 +9,10 @@ config's sections::
 
 ``scheduler`` is validated by :class:`~ebplus.replicas.config.SchedulerSection`,
 ``controller`` by :class:`~ebplus.controller.config.ControllerConfig` (the
-scheduler takes the cold threshold ``planner.theta_cold`` from it); other keys
-of the object belong to the API-server side (the plain-vLLM plugin validates
-them). Our Ray Serve replicas pass their config this way too.
+scheduler takes the cold threshold ``planner.theta_cold`` from it). ``auth`` and
+``replicas`` belong to the API-server side: the plain-vLLM plugin
+(:mod:`ebplus.deploy.vllm_plugin`) reads the whole object with :func:`read`, every
+key checked. Our Ray Serve replicas pass their config this way too.
 
 Fallback, for ``vllm serve --scheduler-cls ...`` without ``--additional-config``:
 environment variables, read here and nowhere else, validated by the same models.
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -66,6 +67,9 @@ class EngineSettings(BaseModel):
         return self.controller.planner.theta_cold
 
 
+S = TypeVar("S", bound=EngineSettings)
+
+
 def additional_config(sections: Mapping[str, Any]) -> dict[str, Any]:
     """vLLM's ``additional_config`` value carrying ``sections`` (their JSON form) under our key."""
     return {ADDITIONAL_CONFIG_KEY: {name: _json(value) for name, value in sections.items()}}
@@ -91,6 +95,19 @@ def load(additional: Any = None, env: Mapping[str, str] | None = None) -> Engine
     Raises:
         SettingsError: a value is malformed or out of range (the key or variable is named).
     """
+    return read(EngineSettings, additional, env)
+
+
+def read(model: type[S], additional: Any = None, env: Mapping[str, str] | None = None) -> S:
+    """The ``ebplus`` object of ``additional`` (else ``EBPLUS_*``, else defaults) validated by ``model``.
+
+    :func:`load` reads the engine-core side with :class:`EngineSettings`; the plain-vLLM
+    plugin reads the API-server side with its subclass, from the same object, so both
+    sides find the same values and report a bad one the same way.
+
+    Raises:
+        SettingsError: a value is malformed or out of range (the key or variable is named).
+    """
     env = os.environ if env is None else env
     ours = additional.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional, Mapping) else None
     if ours is not None:
@@ -100,7 +117,7 @@ def load(additional: Any = None, env: Mapping[str, str] | None = None) -> Engine
     else:
         data, source = _from_env(env), "environment"
     try:
-        return EngineSettings.model_validate({**data, "source": source})
+        return model.model_validate({**data, "source": source})
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = tuple(str(p) for p in first["loc"])
@@ -108,4 +125,4 @@ def load(additional: Any = None, env: Mapping[str, str] | None = None) -> Engine
             where = f"{ENV[loc[1]]}={env.get(ENV[loc[1]])!r}"
         else:
             where = f"additional_config.{ADDITIONAL_CONFIG_KEY}." + ".".join(loc)
-        raise SettingsError(f"{where}: {first['msg']}") from None
+        raise SettingsError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
