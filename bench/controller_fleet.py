@@ -113,7 +113,7 @@ class Telemetry:
         self.next_seq = [c] * shape.replicas
         self.pushes = 0
 
-    def _advance(self, replica: int) -> tuple[list[CompletionRecord], list[RunningRequest]]:
+    def advance(self, replica: int) -> tuple[list[CompletionRecord], list[RunningRequest]]:
         """Run ``replica`` until ``completions`` requests finish: those, and the running sample after."""
         n, rng = self.shape.completions, self.rng
         seq, length, age, prompt = self.seq[replica], self.length[replica], self.age[replica], self.prompt[replica]
@@ -138,7 +138,7 @@ class Telemetry:
         ]
         return comps, running
 
-    def _steps(self, kinds: np.ndarray) -> list[StepRecord]:
+    def steps(self, kinds: np.ndarray) -> list[StepRecord]:
         """Steps of the given kinds (0 prefill only, 1 mixed, else decode only), timed by the H200 model with noise."""
         rng, n = self.rng, kinds.size
         running = rng.integers(200, 1024, n)
@@ -158,13 +158,13 @@ class Telemetry:
         shape = self.shape
         self.pushes += 1
         if warm_kind is not None:
-            steps = self._steps(np.full(shape.steps, warm_kind))
+            steps = self.steps(np.full(shape.steps, warm_kind))
             return TelemetryBatch(replica_id=f"replica-{replica}", steps=steps)
-        comps, running = self._advance(replica)
+        comps, running = self.advance(replica)
         return TelemetryBatch(
             replica_id=f"replica-{replica}",
             completions=comps,
-            steps=self._steps(np.arange(shape.steps) % 8),
+            steps=self.steps(np.arange(shape.steps) % 8),
             running=running,
             running_total=shape.concurrency,
         )

@@ -106,6 +106,7 @@ class ReplicaState:
     steps_seen: int = 0  # step records absorbed, ever (a refit with no new one would change nothing)
     fitted_steps: int = -1  # steps_seen at the last cost refit
     fitted_at: int = 0  # the update of the last cost refit
+    sampling: tuple[float, float] = (1.0, 1.0)  # shares of requests and cycles it reports (replicas/sampling.py)
 
     @property
     def cost_model(self) -> CostModel:
@@ -285,7 +286,9 @@ class FleetController:
         self._attribute_latency(replica, running_mode, completions, running or ())
         if running is not None:
             self.workload.observe_running(replica.replica_id, running, clean.running_total)
-        replica.completed_since_plan += len(completions)
+        replica.sampling = (clean.request_rate, clean.step_rate)
+        # preemptions are counted on the engine, all of them: relate them to all its completions
+        replica.completed_since_plan += round(len(completions) / clean.request_rate)
         replica_work.absorb_steps(self.received, replica, steps, self.config.concurrency_ema)
         if running_mode is not None and steps:
             est = self.workload.estimate

@@ -181,6 +181,8 @@ class CleanBatch:
     stats: EngineStats | None
     completions_from: int | None  # None: not tracked
     steps_from: int | None
+    request_rate: float = 1.0  # share of its requests the replica reports (replicas/sampling.py)
+    step_rate: float = 1.0
 
 
 def _count(value: object, rejected: Counter[str]) -> int:
@@ -224,6 +226,7 @@ def clean_batch(batch: object, rejected: Counter[str]) -> CleanBatch | None:
     elif batch.running_total != -1:
         rejected["bad_batch"] += 1
     cursors = [check_int(getattr(batch, name), 0, MAX_COUNT) for name in ("completions_from", "steps_from")]
+    rates = [_share(getattr(batch, name), rejected) for name in ("request_rate", "step_rate")]
     return CleanBatch(
         replica_id=rid,
         completions=_records(batch.completions, rejected),
@@ -236,7 +239,21 @@ def clean_batch(batch: object, rejected: Counter[str]) -> CleanBatch | None:
         stats=stats,
         completions_from=cursors[0] if isinstance(cursors[0], int) else None,
         steps_from=cursors[1] if isinstance(cursors[1], int) else None,
+        request_rate=rates[0],
+        step_rate=rates[1],
     )
+
+
+#: The smallest share a replica may report: below it a batch's counts would be scaled up absurdly.
+MIN_SHARE = 1e-3
+
+
+def _share(value: object, rejected: Counter[str]) -> float:
+    """A sampling share in ``[MIN_SHARE, 1]`` (1, and ``bad_batch`` counted, when it is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not MIN_SHARE <= value <= 1:
+        rejected["bad_batch"] += 1
+        return 1.0
+    return float(value)
 
 
 def valid(records: Sequence[Any], check: Any, rejected: Counter[str]) -> list:
@@ -362,6 +379,8 @@ class _LooseBatch(msgspec.Struct, kw_only=True):
     stats: msgspec.Raw | None = None
     completions_from: Any = -1
     steps_from: Any = -1
+    request_rate: Any = 1.0
+    step_rate: Any = 1.0
 
 
 _LOOSE = msgspec.msgpack.Decoder(_LooseBatch)
@@ -428,4 +447,6 @@ def decode_batch(payload: bytes, rejected: Counter[str]) -> TelemetryBatch:
         stats=stats,
         completions_from=loose.completions_from,
         steps_from=loose.steps_from,
+        request_rate=loose.request_rate,
+        step_rate=loose.step_rate,
     )
