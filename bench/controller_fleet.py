@@ -80,6 +80,11 @@ class FleetShape:
     warm_steps: int = 2048
 
 
+#: The threshold version every simulated replica reports running: the latest, always (so the controller
+#: attributes each push's steps to a mode, the closed loop's per-step work, as for replicas that keep up).
+APPLIED = 1 << 40
+
+
 def _percentiles(samples: list[float]) -> dict[str, float]:
     ms = sorted(s * 1e3 for s in samples)
     if not ms:
@@ -167,6 +172,7 @@ class Telemetry:
             steps=self.steps(np.arange(shape.steps) % 8),
             running=running,
             running_total=shape.concurrency,
+            applied_version=APPLIED,
         )
 
 

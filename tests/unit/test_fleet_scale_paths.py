@@ -24,6 +24,7 @@ from ebplus.controller import persistence, pieces, replica_work
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_fit import CostModelFitter, _Window
 from ebplus.controller.estimator import WorkloadEstimator
+from ebplus.controller.evidence import _Ledger
 from ebplus.controller.fleet import FleetController, Stage
 from ebplus.controller.messages import CompletionRecord, FinishReason, RunningRequest, StepRecord
 from ebplus.controller.telemetry import check_completion, check_running, check_step, valid
@@ -331,3 +332,45 @@ def test_a_snapshot_built_in_pieces_is_the_state() -> None:
     for _ in range(2):  # the second time from the cached decisions
         built = pieces.run(writer.pieces(fc))
         assert persistence.parse(json.loads(built)) == persistence.parse(json.loads(fc.state().model_dump_json()))
+
+
+# -- the evidence ledger -------------------------------------------------------------------
+
+
+class _RowByRowLedger:
+    """The per-mode step ledger as it was written before the fleet-scale change: one row per step."""
+
+    def __init__(self, capacity: int) -> None:
+        self.rows = np.zeros((capacity, 6))
+        self.size = self.head = self.total = self.phases = 0
+        self.in_prefill = False
+
+    def add(self, records: list[StepRecord]) -> int:
+        added, cap = 0, self.rows.shape[0]
+        for rec in records:
+            if rec.prefill_tokens + rec.decode_tokens <= 0:
+                continue
+            prefill_only = rec.decode_tokens == 0
+            starts = prefill_only and not self.in_prefill
+            self.phases += starts
+            self.in_prefill = prefill_only
+            self.rows[self.head] = (rec.prefill_tokens, rec.decode_tokens, rec.kv_tokens, rec.seconds, rec.running,
+                                    starts)  # fmt: skip
+            self.head = (self.head + 1) % cap
+            self.size = min(self.size + 1, cap)
+            added += 1
+        self.total += added
+        return added
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 7, 64])
+def test_the_evidence_ledger_written_a_batch_at_a_time_holds_what_row_by_row_writing_held(capacity: int) -> None:
+    rng = np.random.default_rng(capacity)
+    fast, slow = _Ledger(capacity), _RowByRowLedger(capacity)
+    for _ in range(200):
+        recs = [StepRecord(int(rng.integers(0, 3)) * 100, int(rng.integers(0, 3)) * 10, 5, 0, float(rng.random()),
+                           int(rng.integers(0, 50))) for _ in range(int(rng.integers(0, 3 * capacity + 2)))]  # fmt: skip
+        assert fast.add(recs) == slow.add(recs)
+        assert (fast.rows == slow.rows).all()
+        assert (fast.head, fast.size, fast.total, fast.phases, fast.in_prefill) == (
+            slow.head, slow.size, slow.total, slow.phases, slow.in_prefill)  # fmt: skip
