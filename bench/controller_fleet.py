@@ -30,10 +30,12 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ebplus.bench import distributions as dist
+from ebplus.controller import fleet as fleet_module
 from ebplus.controller.actor import ControllerActor
 from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_model import CostModel
@@ -379,6 +381,7 @@ def measure(shape: FleetShape, seed: int, ingest_s: float, latency_s: float, rat
         gc.collect()
         gc.freeze()
         out = {
+            "code": str(Path(fleet_module.__file__).resolve().parents[1]),  # which checkout was measured
             "shape": dict(shape.__dict__),
             "warm_s": warm_s,
             "update": bench_update(100, seed),

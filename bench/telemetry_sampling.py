@@ -17,12 +17,15 @@ by) and the records the controller absorbed - the load the sampling bounds.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ebplus.bench.controller_fleet import H200, FleetShape, Telemetry
+from ebplus.bench.outputs import raw_path
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import DrainReport, EngineFacts, EngineStats, Mode, StepRecord, ThresholdUpdate
@@ -132,13 +135,16 @@ def table(seeds: int) -> list[dict]:
 
 def markdown(rows: list[dict], seeds: int) -> str:
     def spread(values: list[float], pct: bool = True) -> str:
-        f = (lambda v: f"{100 * v:+.1f}%") if pct else (lambda v: f"{v:.3f}")
-        return f"{f(statistics.median(values))} ({f(min(values))} … {f(max(values))})"
+        if not pct:
+            return f"{statistics.median(values):.3f} ({min(values):.3f} … {max(values):.3f})"
+        typical = statistics.median(abs(v) for v in values)
+        return f"{100 * typical:.1f}% ({100 * min(values):+.1f}% … {100 * max(values):+.1f}%)"
 
     lines = [
         "# Telemetry sampling: the controller's estimates with part of the telemetry",
         "",
-        f"8 simulated replicas, 60 pushes each, {seeds} seeds: median (min … max). Written by "
+        f"8 simulated replicas, 60 pushes each, {seeds} seeds. Errors: the median of their size over the seeds "
+        "(the smallest … largest, signed); other columns: median (min … max). Written by "
         "`python -m ebplus.bench.telemetry_sampling`. True values: `mu_O` = 256, natural `p0` = 1/256; the first "
         f"decode step after each prefill carries a {STALL_S * 1e3:g} ms stall.",
         "",
@@ -160,10 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", help="write the table here (e.g. docs/benchmarks/results/telemetry-sampling.md)")
     args = parser.parse_args(argv)
-    text = markdown(table(args.seeds), args.seeds)
+    rows = table(args.seeds)
+    text = markdown(rows, args.seeds)
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
+        out = Path(args.out)
+        out.write_text(text)
+        raw_path(out).write_text(json.dumps(rows, indent=1))
     print(text)
     return 0
 

@@ -311,6 +311,7 @@ class WorkloadEstimator:
         young running requests once more are running than it is long).
         """
         live, share = self._live()
+        yield
         dur, natural, capped, caps, weights, running = [], [], [], [], [], []
         for w, newest in live:
             lo, recent = _recent(w.done, newest, share)

@@ -150,8 +150,10 @@ class SnapshotWriter:
             del cached[key]
         yield
         est = fleet.workload.state_without_windows({})
+        inputs, cached = json.dumps(est.inputs), json.dumps(est.cached)
+        yield
         workload = (
-            f'{{"replicas":{{{",".join(windows)}}},"inputs":{json.dumps(est.inputs)},"cached":{json.dumps(est.cached)},'
+            f'{{"replicas":{{{",".join(windows)}}},"inputs":{inputs},"cached":{cached},'
             f'"completions":{est.completions},"pending":{est.pending},"updates":{est.updates},'
             f'"estimate":{self._ESTIMATE.dump_json(est.estimate).decode()},'
             f'"first":{self._ESTIMATE.dump_json(est.first).decode()}}}'
