@@ -67,7 +67,9 @@ def test_pushes_are_answered_at_once_and_hear_only_persisted_versions(tmp_path: 
         return heard
 
     heard = asyncio.run(scenario())
-    assert actor.fleet.updates >= 3 and heard[-1] > 0
+    # updates due while a re-plan runs coalesce into the next: how many re-plans run depends on the
+    # machine's speed, but the first one's and at least one more (the coalesced ones) always do
+    assert actor.fleet.updates >= 2 and heard[-1] > 0
     assert heard[1] == 0  # the push that made the first update due was answered before it was planned
     assert saved == sorted(saved) and saved[-1] == actor.fleet.version
     stored = persistence.parse(StateStore(str(tmp_path)).load())
