@@ -45,8 +45,9 @@ models: install
 bench-sim: install
 	$(VENV)/bin/ebplus bench-sim
 
+# BASELINE=path/to/python: also measure that interpreter's ebplus (an older checkout), run by run
 bench-controller: install
-	$(PY) -m ebplus.bench.controller_bench
+	$(PY) -m ebplus.bench.controller_bench $(if $(BASELINE),--baseline $(BASELINE))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

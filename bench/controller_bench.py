@@ -1,15 +1,17 @@
-"""Controller micro-benchmarks: one full update, and telemetry ingestion with 8 replicas.
+"""Controller benchmark at fleet scale: ingestion, a fleet recompute, ingest latency during a recompute.
 
-    python -m ebplus.bench.controller_bench [--repeats 200] [--replicas 8] [--json]
+    python -m ebplus.bench.controller_bench [--replicas 256] [--runs 5] [--baseline PYTHON]
+                                            [--out docs/benchmarks/results/controller.md] [--json]
 
-*Update*: a window of 500 output lengths -> Estimate -> theta*, k*, N* and the
-EB/MB decision (what runs every 100 completions), timed alone
-(``WorkloadEstimator.update`` + ``ThresholdPlanner.plan``) and through
-``FleetController.recompute`` for all replicas (includes the cost-model refits).
+Each run is one worker process (:mod:`ebplus.bench.controller_fleet`, run by path) that warms
+a fleet of simulated replicas up and measures it. With ``--baseline``, every run also
+measures the same worker under another interpreter - one whose ``ebplus`` is an older
+checkout (see the benchmark page for how the baseline was set up) - in rotated order
+(current first on even runs, baseline first on odd ones), so both versions see the same
+machine in the same session. Figures are medians over the runs, with min-max.
 
-*Ingestion*: batches of 64 completions and 64 steps per replica per push, round
-robin over the replicas, through ``FleetController.ingest`` (validation, windows,
-cost-model samples and the periodic updates all included).
+Targets (issue 16, 256 replicas): ingestion >= 4x the baseline's and >= 50,000 completions/s;
+a fleet recompute < 100 ms; ingest p99 while a recompute runs <= 1.5x the idle p99.
 """
 
 from __future__ import annotations
@@ -17,143 +19,145 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
+from ebplus.bench import controller_fleet
+from ebplus.bench.outputs import SUMMARY_DIR, raw_path
 
-from ebplus.bench import distributions as dist
-from ebplus.controller.config import ControllerConfig, PlannerConfig
-from ebplus.controller.cost_model import CostModel
-from ebplus.controller.estimator import WorkloadEstimator
-from ebplus.controller.fleet import FleetController
-from ebplus.controller.messages import (
-    CompletionRecord,
-    EngineFacts,
-    FinishReason,
-    Mode,
-    Registration,
-    StepRecord,
-    TelemetryBatch,
-)
-from ebplus.controller.planner import ThresholdPlanner
-
-H200 = CostModel(
-    alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
-)
+WORKER = Path(controller_fleet.__file__)
+TARGET_INGEST = 50_000.0
+TARGET_INGEST_RATIO = 4.0
+TARGET_RECOMPUTE_MS = 100.0
+TARGET_LATENCY_RATIO = 1.5
 
 
-def _percentiles(samples: list[float]) -> dict[str, float]:
-    ms = sorted(s * 1e3 for s in samples)
+def run_worker(python: str, args: list[str], cwd: Path | None = None) -> dict:
+    """One round under ``python`` (the worker file is run by path, so ``ebplus`` is that interpreter's)."""
+    done = subprocess.run([python, str(WORKER), *args], capture_output=True, text=True, check=False, cwd=cwd)
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmark worker under {python} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def metrics(result: dict) -> dict[str, float]:
+    """The figures of one round that the summary compares."""
+    lat = result["latency"]
+    idle, busy = lat["idle"]["p99_ms"], lat["during_recompute"]["p99_ms"]
     return {
-        "median_ms": statistics.median(ms),
-        "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
-        "min_ms": ms[0],
+        "ingest_completions_per_s": result["ingest"]["completions_per_s"],
+        "recompute_ms": result["recompute"]["median_ms"],
+        "update_ms": result["update"]["median_ms"],
+        "p99_idle_ms": idle,
+        "p99_during_ms": busy,
+        "p99_ratio": busy / idle if idle > 0 else float("inf"),
+        "p50_idle_ms": lat["idle"]["median_ms"],
+        "p50_during_ms": lat["during_recompute"]["median_ms"],
+        "recompute_in_service_ms": lat["recomputes"]["median_ms"],
     }
 
 
-def bench_update(repeats: int, seed: int = 0) -> dict[str, float]:
-    """Time estimator update + plan on a full window of 500 linear-hazard lengths."""
-    rng = np.random.default_rng(seed)
-    est = WorkloadEstimator(window=500, update_every=100, min_samples=30)
-    planner = ThresholdPlanner(PlannerConfig(max_num_seqs=1024))
-    outputs = dist.linear_hazard(rng, 0.004, 1e-5, 500 + repeats * 100)
-    inputs = dist.uniform_jitter(rng, 512, 0.5, outputs.size)
-    est.observe_many(inputs[:500], outputs[:500])
-    samples = []
-    for i in range(repeats):
-        lo = 500 + i * 100
-        est.observe_many(inputs[lo : lo + 100], outputs[lo : lo + 100])
-        t0 = time.perf_counter()
-        e = est.update()
-        planner.plan(e, H200, kv_capacity_tokens=2_000_000, n_obs=1500)
-        samples.append(time.perf_counter() - t0)
-    return _percentiles(samples)
+def summarize(rounds: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Median and min-max of each figure over the rounds."""
+    out = {}
+    for key in rounds[0]:
+        values = [r[key] for r in rounds]
+        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return out
 
 
-def _fleet(replicas: int) -> FleetController:
-    fc = FleetController(ControllerConfig())
-    for r in range(replicas):
-        facts = EngineFacts(kv_capacity_tokens=2_000_000, max_num_seqs=1024, device="H200")
-        fc.register(Registration(replica_id=f"replica-{r}", mode=Mode.AUTO, facts=facts, prior=H200))
-    return fc
+def _fmt(s: dict[str, float], digits: int = 1, scale: float = 1.0) -> str:
+    f = f"{{:,.{digits}f}}"
+    return f"{f.format(s['median'] * scale)} ({f.format(s['min'] * scale)}–{f.format(s['max'] * scale)})"
 
 
-def _step(rng: np.random.Generator, j: int) -> StepRecord:
-    """A realistic mix: 1/8 prefill-only, 1/8 mixed, the rest decode-only, with noise."""
-    running = int(rng.integers(200, 1024))
-    if j % 8 == 0:
-        p, d = int(rng.integers(256, 8192)), 0
-    elif j % 8 == 1:
-        p, d = int(rng.integers(256, 8192)), running
-    else:
-        p, d = 0, running
-    seconds = H200.step_seconds(p, d) * float(rng.lognormal(0.0, 0.05))
-    return StepRecord(p, d, running, 300, seconds)
+def targets(cur: dict, base: dict | None) -> list[tuple[str, str, str, bool]]:
+    """(target, measured, baseline, met) rows."""
+    ingest = cur["ingest_completions_per_s"]
+    rows = []
+    if base is not None:
+        ratio = ingest["median"] / base["ingest_completions_per_s"]["median"]
+        rows.append((f"ingestion ≥ {TARGET_INGEST_RATIO:g}× the baseline's", f"{ratio:,.1f}×", "1×",
+                     ratio >= TARGET_INGEST_RATIO))  # fmt: skip
+    rows.append((
+        f"ingestion ≥ {TARGET_INGEST:,.0f} completions/s", _fmt(ingest, 0),
+        _fmt(base["ingest_completions_per_s"], 0) if base else "–", ingest["median"] >= TARGET_INGEST,
+    ))  # fmt: skip
+    rec = cur["recompute_ms"]
+    rows.append((f"fleet recompute < {TARGET_RECOMPUTE_MS:g} ms", _fmt(rec) + " ms",
+                 _fmt(base["recompute_ms"]) + " ms" if base else "–", rec["median"] < TARGET_RECOMPUTE_MS))  # fmt: skip
+    lat = cur["p99_ratio"]
+    rows.append((f"ingest p99 during a recompute ≤ {TARGET_LATENCY_RATIO:g}× idle p99", _fmt(lat, 2) + "×",
+                 _fmt(base["p99_ratio"], 1) + "×" if base else "–", lat["median"] <= TARGET_LATENCY_RATIO))  # fmt: skip
+    return rows
 
 
-def _batches(replicas: int, pushes: int, per_batch: int, seed: int) -> list[TelemetryBatch]:
-    rng = np.random.default_rng(seed)
-    outs = dist.geometric(rng, 256, pushes * per_batch)
-    ins = dist.uniform_jitter(rng, 512, 0.5, outs.size)
-    batches = []
-    for i in range(pushes):
-        sl = slice(i * per_batch, (i + 1) * per_batch)
-        comps = [CompletionRecord(int(a), int(b), FinishReason.STOP) for a, b in zip(ins[sl], outs[sl], strict=True)]
-        steps = [_step(rng, j) for j in range(per_batch)]
-        batches.append(TelemetryBatch(replica_id=f"replica-{i % replicas}", completions=comps, steps=steps))
-    return batches
-
-
-def bench_recompute(replicas: int, repeats: int, seed: int = 0) -> dict[str, float]:
-    fc = _fleet(replicas)
-    for b in _batches(replicas, 40, 64, seed):
-        fc.ingest(b)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fc.recompute("bench")
-        samples.append(time.perf_counter() - t0)
-    return _percentiles(samples)
-
-
-def bench_ingest(replicas: int, pushes: int, per_batch: int = 64, seed: int = 0) -> dict[str, float]:
-    fc = _fleet(replicas)
-    batches = _batches(replicas, pushes, per_batch, seed)
-    t0 = time.perf_counter()
-    for b in batches:
-        fc.ingest(b)
-    elapsed = time.perf_counter() - t0
-    completions = pushes * per_batch
-    return {
-        "completions_per_s": completions / elapsed,
-        "steps_per_s": completions / elapsed,
-        "updates": fc.updates,
-        "seconds": elapsed,
+def markdown(report: dict) -> str:
+    cur, base = report["current"]["summary"], (report.get("baseline") or {}).get("summary")
+    lines = [
+        "# Controller at fleet scale: generated results",
+        "",
+        f"{report['replicas']} simulated replicas, median of {report['runs']} runs (min–max), "
+        f"written by `python -m ebplus.bench.controller_bench` in {report['seconds']:.0f} s. "
+        f"Baseline: {report.get('baseline_label') or 'none'}.",
+        "",
+        "| target | this code | baseline | met |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {t} | {m} | {b} | {'yes' if ok else '**no**'} |" for t, m, b, ok in targets(cur, base)]
+    lines += ["", "| figure | this code | baseline |", "|---|---|---|"]
+    names = {
+        "ingest_completions_per_s": ("ingestion, completions/s (+ as many steps, + a running sample)", 0, 1.0),
+        "recompute_ms": ("fleet recompute, ms", 1, 1.0),
+        "update_ms": ("one estimator update + plan, ms", 3, 1.0),
+        "p50_idle_ms": ("ingest p50, no recompute running, ms", 3, 1.0),
+        "p99_idle_ms": ("ingest p99, no recompute running, ms", 3, 1.0),
+        "p50_during_ms": ("ingest p50 while a recompute runs, ms", 3, 1.0),
+        "p99_during_ms": ("ingest p99 while a recompute runs, ms", 3, 1.0),
+        "recompute_in_service_ms": ("recompute in service (interleaved with pushes, persisted), ms", 1, 1.0),
     }
+    for key, (label, digits, scale) in names.items():
+        lines.append(
+            f"| {label} | {_fmt(cur[key], digits, scale)} | {_fmt(base[key], digits, scale) if base else '–'} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=200, help="timed updates (default 200)")
-    parser.add_argument("--replicas", type=int, default=8, help="simulated replicas (default 8)")
-    parser.add_argument("--pushes", type=int, default=1000, help="telemetry batches to ingest (default 1000)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--replicas", type=int, default=256, help="simulated replicas (default 256)")
+    parser.add_argument("--runs", type=int, default=5, help="measurement rounds (default 5)")
+    parser.add_argument("--baseline", help="interpreter whose ebplus is the baseline checkout")
+    parser.add_argument("--baseline-label", default="", help="how the baseline is named in the summary")
+    parser.add_argument("--out", type=Path, help=f"write the summary table here (e.g. {SUMMARY_DIR}/controller.md)")
+    parser.add_argument("--worker-args", default="", help="extra arguments for each worker (see controller_fleet)")
+    parser.add_argument("--json", action="store_true", help="print the whole report as one JSON object")
     args = parser.parse_args(argv)
-    result = {
-        "update": bench_update(args.repeats),
-        "recompute_fleet": {"replicas": args.replicas, **bench_recompute(args.replicas, max(20, args.repeats // 4))},
-        "ingest": {"replicas": args.replicas, **bench_ingest(args.replicas, args.pushes)},
-    }
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    u, r, i = result["update"], result["recompute_fleet"], result["ingest"]
-    print("one update (window 500 -> Estimate -> theta*, k*, N*, crossover):")
-    print(f"  median {u['median_ms']:.3f} ms, p99 {u['p99_ms']:.3f} ms")
-    print(f"fleet recompute, {r['replicas']} replicas (incl. staggered cost refits):")
-    print(f"  median {r['median_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms")
-    print(f"ingestion, {i['replicas']} replicas, batches of 64 completions + 64 steps:")
-    print(f"  {i['completions_per_s']:,.0f} completions/s (+ as many steps/s), {i['updates']} updates")
+    worker_args = ["--replicas", str(args.replicas), *args.worker_args.split()]
+    versions = {"current": sys.executable} | ({"baseline": args.baseline} if args.baseline else {})
+    results: dict[str, list[dict]] = {name: [] for name in versions}
+    started = time.perf_counter()
+    for run in range(args.runs):
+        order = list(versions) if run % 2 == 0 else list(reversed(versions))
+        for name in order:
+            res = run_worker(versions[name], [*worker_args, "--seed", str(run)])
+            results[name].append(res)
+            m = metrics(res)
+            print(f"run {run + 1}/{args.runs} {name}: {m['ingest_completions_per_s']:,.0f} completions/s, "
+                  f"recompute {m['recompute_ms']:.1f} ms, p99 {m['p99_idle_ms']:.2f} -> {m['p99_during_ms']:.2f} ms",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    report: dict = {"replicas": args.replicas, "runs": args.runs, "seconds": time.perf_counter() - started,
+                    "baseline_label": args.baseline_label or args.baseline}  # fmt: skip
+    for name, rounds in results.items():
+        report[name] = {"summary": summarize([metrics(r) for r in rounds]), "rounds": rounds}
+    table = markdown(report)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(table)
+        raw_path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps(report) if args.json else table)
     return 0
 
 

@@ -16,29 +16,47 @@ field at fault.
 The state (:mod:`ebplus.controller.persistence`) is kept in Ray's internal KV store,
 or a file in ``state_dir``, so a restart (``max_restarts``) resumes without a cold
 start.
+
+Fleet scale. A small fleet (:data:`INLINE_RECOMPUTE_REPLICAS`) is re-planned inside the push
+that makes an update due. A large one is re-planned in the background: a push only
+absorbs its telemetry and answers with the thresholds in force, while one re-plan at a
+time runs between pushes, a piece at a time (:meth:`FleetController.recompute_pieces`),
+yielding the event loop every :data:`SLICE_S`; updates due meanwhile are coalesced into
+the next one. Its snapshot is built the same way (:class:`persistence.SnapshotWriter`)
+and written from a thread, before any replica hears of the new version. At 256 replicas a
+re-plan is ~50-100 ms of work: inline, every push queued behind it waited that long.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import logging
 import os
 import tempfile
 import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 from ebplus.controller import persistence
 from ebplus.controller.client import ControllerUnavailable
 from ebplus.controller.config import ControllerConfig
-from ebplus.controller.fleet import FleetController
+from ebplus.controller.fleet import FleetController, Stage
 from ebplus.controller.messages import Registration, WireError, decode, encode
 from ebplus.controller.overrides import OverrideError
 from ebplus.controller.telemetry import decode_batch
 from ebplus.controller.views import ClearResult, ControllerInfo, OverrideResult, Ping, RecomputeResult
 
 ACTOR_NAME = "ebplus-controller"
+#: Fleets of at most this many replicas are re-planned inside the push that makes an update due, whose reply
+#: then carries the new thresholds (a re-plan of 8 replicas is a few milliseconds). Larger ones are re-planned in
+#: the background, between pushes: a push is never held up by a re-plan, its reply carries the last one finished.
+INLINE_RECOMPUTE_REPLICAS = 8
+#: Longest run of background work (re-plan, snapshot) before the event loop serves pushes again.
+SLICE_S = 0.0001
 NAMESPACE = "ebplus"
 STATE_KEY = b"ebplus-controller-state"
 
@@ -75,20 +93,28 @@ class StateStore:
             return None
 
     def save(self, state: persistence.ControllerState) -> None:
+        self.save_bytes(state.model_dump_json().encode())
+
+    def save_bytes(self, data: bytes) -> None:
+        """Store a state already serialised as UTF-8 JSON (:class:`~ebplus.controller.persistence.SnapshotWriter`).
+
+        Holds the GIL for no more than a few system calls, so a thread can do it while the
+        event loop serves pushes (a thread that held it to encode a megabyte of text, and
+        was then descheduled on a busy machine, stalled the loop for half a second).
+        """
         if self.memory_only:
             return
-        data = state.model_dump_json()
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # write-then-rename: a crash mid-write never leaves a torn file
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".controller-state.")
-            with os.fdopen(fd, "w") as fh:
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             os.replace(tmp, self.path)
             return
         from ray.experimental.internal_kv import _internal_kv_put
 
-        _internal_kv_put(self.key, data.encode(), overwrite=True)
+        _internal_kv_put(self.key, data, overwrite=True)
 
     def clear(self) -> None:
         if self.memory_only:
@@ -99,6 +125,29 @@ class StateStore:
         from ray.experimental.internal_kv import _internal_kv_del
 
         _internal_kv_del(self.key)
+
+
+def _in_ray_actor() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # no Ray, or not a worker
+        return False
+
+
+def freeze_startup_objects() -> None:
+    """Take the objects that exist now (modules, the restored state) out of the garbage collector's passes.
+
+    A full collection walks every tracked object: ~60k of them once numpy, scipy, pydantic
+    and msgspec are imported, a 30-90 ms pause of the event loop that answers telemetry,
+    every few hundred re-plans (whose decisions and plans are what fills the old
+    generation). They are module-level and live as long as the process: frozen, a full
+    collection walks only what the controller made since. Garbage is collected first, so
+    nothing unreachable is kept.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _ray_connected() -> bool:
@@ -115,10 +164,17 @@ class ControllerActor:
     Args:
         config: the ``controller:`` section of the deployment config.
         housekeeping: run the background persist/forget loop (off when driven by tests).
+        inline_replicas: fleets up to this size are re-planned on the push path (see the module docstring).
     """
 
-    def __init__(self, config: ControllerConfig | None = None, housekeeping: bool = True) -> None:
+    def __init__(
+        self,
+        config: ControllerConfig | None = None,
+        housekeeping: bool = True,
+        inline_replicas: int = INLINE_RECOMPUTE_REPLICAS,
+    ) -> None:
         self.config = config or ControllerConfig()
+        self.inline_replicas = inline_replicas
         self.fleet = FleetController(self.config)
         self.housekeeping = housekeeping
         self.store = StateStore(self.config.state_dir)
@@ -136,6 +192,18 @@ class ControllerActor:
         self._dirty = False
         self._persisted_version = self.fleet.version
         self._housekeeping: asyncio.Task | None = None
+        # background work of a large fleet (see the module docstring): one at a time, under _exclusive
+        self._exclusive = asyncio.Lock()
+        self._replanner: asyncio.Task | None = None
+        self._replan_cause: str | None = None  # a re-plan asked for and not started yet
+        self._writer = persistence.SnapshotWriter()
+        if _in_ray_actor():  # a process of its own (in-process, the host's garbage is not ours to freeze)
+            freeze_startup_objects()
+
+    def _inline(self) -> bool:
+        """Whether the fleet is re-planned on the push path (small, and no background work pending)."""
+        idle = not self._exclusive.locked() and (self._replanner is None or self._replanner.done())
+        return idle and len(self.fleet.replicas) <= self.inline_replicas
 
     def _ensure_housekeeping(self) -> None:
         # started lazily: the actor's event loop is not running in __init__
@@ -155,18 +223,88 @@ class ControllerActor:
                     # pushes queued up unanswered, so that silence is ours, not theirs.
                     logger.warning("controller was paused for %.1f s; replicas are not blamed for it", late)
                     self.fleet.grace(late)
-                for rid in self.fleet.forget_stale(self.config.stale_replica_s):
-                    logger.info("forgot silent replica %s", rid)
-                    self._dirty = True
-                self.persist()
+                if self._inline():
+                    self._forget_stale()
+                    self.persist()
+                else:
+                    async with self._exclusive:
+                        self._forget_stale()
+                        # pushes do not expire overrides here (they never publish): an expired one
+                        # publishes now, persisted before any push is answered
+                        self.fleet.expire_overrides()
+                        self._persist_new_version()
+                        await self._persist_pieces()
             except Exception:  # keep the loop alive whatever happens
                 logger.exception("controller housekeeping failed")
+
+    def _forget_stale(self) -> None:
+        for rid in self.fleet.forget_stale(self.config.stale_replica_s):
+            logger.info("forgot silent replica %s", rid)
+            self._dirty = True
 
     def persist(self, force: bool = False) -> None:
         if force or self._dirty or self.fleet.version != self._persisted_version:
             self.store.save(self.fleet.state())
             self._persisted_version = self.fleet.version
             self._dirty = False
+
+    async def _persist_pieces(self) -> None:
+        """:meth:`persist`, serialised a piece at a time and written from a thread.
+
+        Runs under ``_exclusive`` (no re-plan meanwhile). A snapshot overtaken by a new
+        version (an operator's override persists its own) is dropped, never written over it.
+        """
+        if not (self._dirty or self.fleet.version != self._persisted_version):
+            return
+        version = self.fleet.version
+        data = await self._drive(self._writer.pieces(self.fleet))
+        if self.fleet.version != version:
+            return
+        encoded = data.encode()
+        await asyncio.sleep(0)
+        await asyncio.to_thread(self.store.save_bytes, encoded)
+        if self.fleet.version == version:
+            self._persisted_version, self._dirty = version, False
+
+    async def _drive(self, steps: Generator[Any, None, Any]) -> Any:
+        """Run a piece-at-a-time generator to its end, yielding the event loop every :data:`SLICE_S`;
+        at :attr:`Stage.PLANNED` (a re-plan) persist before it goes on to publish."""
+        mark = time.perf_counter()
+        while True:
+            try:
+                stage = next(steps)
+            except StopIteration as done:
+                return done.value
+            if stage is Stage.PLANNED:
+                try:
+                    await self._persist_pieces()
+                except Exception:  # the store is down: serve on, the housekeeping loop retries
+                    logger.exception("could not persist the controller state")
+            if time.perf_counter() - mark >= SLICE_S:
+                # two turns of the loop: the first lets what became ready meanwhile (a push's I/O, a
+                # timer) queue its callback, the second runs it before the next piece
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+                mark = time.perf_counter()
+
+    async def _replan(self, cause: str) -> int:
+        """One re-plan of the whole fleet in the background (see the module docstring)."""
+        async with self._exclusive:
+            return await self._drive(self.fleet.recompute_pieces(cause))
+
+    def _replan_soon(self, cause: str) -> None:
+        """Ask for a background re-plan; those asked for while one runs make one more after it."""
+        self._replan_cause = self._replan_cause or cause
+        if self._replanner is None or self._replanner.done():
+            self._replanner = asyncio.get_running_loop().create_task(self._replans())
+
+    async def _replans(self) -> None:
+        while self._replan_cause is not None:
+            cause, self._replan_cause = self._replan_cause, None
+            try:
+                await self._replan(cause)
+            except Exception:
+                logger.exception("background re-plan failed")
 
     def _persist_new_version(self) -> None:
         """A new decision is persisted before any replica hears of it: a restart then never
@@ -183,13 +321,18 @@ class ControllerActor:
         """Add a replica (a :class:`Registration`); returns its thresholds, ``None`` if unreadable."""
         self._ensure_housekeeping()
         try:
-            update = self.fleet.register(decode(payload, Registration))
+            registration = decode(payload, Registration)
+            if self._inline():
+                update = self.fleet.register(registration)
+                self._persist_new_version()
+            else:  # not in the middle of a re-plan: its new version may not be persisted yet
+                async with self._exclusive:
+                    update = self.fleet.register(registration)
         except (WireError, ValueError) as exc:
             logger.warning("refused a replica registration: %s", exc)
             self.fleet.rejected[getattr(exc, "reason", "bad_batch")] += 1
             return None
         self._dirty = True
-        self._persist_new_version()
         return encode(update)
 
     async def ingest(self, payload: bytes) -> bytes | None:
@@ -204,7 +347,14 @@ class ControllerActor:
         try:
             batch = decode_batch(payload, self.fleet.rejected)
             rid = batch.replica_id
-            update = self.fleet.ingest(batch)
+            inline = self._inline()
+            if inline:
+                update = self.fleet.ingest(batch)
+            else:  # a large fleet: absorb only; a re-plan due runs in the background
+                replica, due = self.fleet.absorb(batch)
+                if due is not None:
+                    self._replan_soon(due)
+                update = None if replica is None else replica.current
         except WireError as exc:
             self.fleet.received["batches"] += 1
             self.fleet.rejected[exc.reason] += 1
@@ -212,9 +362,13 @@ class ControllerActor:
         except Exception:
             logger.exception("rejected a telemetry batch that could not be ingested")
             self.fleet.rejected["bad_batch"] += 1
-            update = self.fleet.thresholds(rid) if isinstance(rid, str) else None
+            inline = self._inline()
+            update = self.fleet.thresholds(rid) if isinstance(rid, str) and inline else None
+            if isinstance(rid, str) and not inline and rid in self.fleet.replicas:
+                update = self.fleet.replicas[rid].current
         self._dirty = True
-        self._persist_new_version()
+        if inline:
+            self._persist_new_version()
         return None if update is None else encode(update)
 
     # -- operator-facing (JSON) ------------------------------------------------
@@ -238,23 +392,32 @@ class ControllerActor:
         ttl_s: float | None = None,
         force: bool = False,
     ) -> str:
-        try:
-            version = self.fleet.set_override(replica, mode=mode, k=k, n=n, ttl_s=ttl_s, force=force)
-        except OverrideError as exc:
-            return OverrideResult(error=exc.field, message=exc.message).model_dump_json()
-        self.persist(force=True)
+        async with self._between_replans():
+            try:
+                version = self.fleet.set_override(replica, mode=mode, k=k, n=n, ttl_s=ttl_s, force=force)
+            except OverrideError as exc:
+                return OverrideResult(error=exc.field, message=exc.message).model_dump_json()
+            self.persist(force=True)  # published already: persisted before any push is answered
         return OverrideResult(version=version, override=self.fleet.overrides.items[replica]).model_dump_json()
 
     async def clear_override(self, replica: str) -> str:
-        removed = self.fleet.clear_override(replica)
-        if removed:
-            self.persist(force=True)
+        async with self._between_replans():
+            removed = self.fleet.clear_override(replica)
+            if removed:
+                self.persist(force=True)
         return ClearResult(removed=removed, version=self.fleet.version).model_dump_json()
 
     async def recompute(self) -> str:
-        version = self.fleet.recompute("operator")
-        self.persist(force=True)
+        if self._inline():
+            version = self.fleet.recompute("operator")
+            self.persist(force=True)
+        else:
+            version = await self._replan("operator")
         return RecomputeResult(version=version, estimate=self.fleet.workload.estimate).model_dump_json()
+
+    def _between_replans(self) -> contextlib.AbstractAsyncContextManager:
+        """An operator's change waits for a background re-plan or snapshot to finish (nothing to wait for inline)."""
+        return contextlib.nullcontext() if self._inline() else self._exclusive
 
     async def ping(self) -> str:
         return Ping(

@@ -9,15 +9,15 @@ with a robust, bounded, prior-regularised regression (:func:`robust_linear_fit`)
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from ebplus.controller import theory
+from ebplus.controller import pieces, theory
 from ebplus.controller.cost_model import CostModel
-from ebplus.controller.messages import StepKind
+from ebplus.controller.messages import StepKind, StepRecord
+from ebplus.controller.pieces import Pieces
 
 
 def robust_linear_fit(
@@ -28,6 +28,18 @@ def robust_linear_fit(
     prior: Iterable[float] | None = None,
     prior_sd: Iterable[float] | None = None,
 ) -> np.ndarray:
+    """:func:`robust_linear_fit_pieces`, run to its end."""
+    return pieces.run(robust_linear_fit_pieces(design, y, lower, iterations, prior, prior_sd))
+
+
+def robust_linear_fit_pieces(
+    design: np.ndarray,
+    y: np.ndarray,
+    lower: Iterable[float] | None = None,
+    iterations: int = 12,
+    prior: Iterable[float] | None = None,
+    prior_sd: Iterable[float] | None = None,
+) -> Pieces[np.ndarray]:
     """Huber regression by iteratively reweighted least squares, with lower bounds and an optional prior.
 
     Each pass weights residuals beyond 1.345 x the MAD-based sigma down (Huber's
@@ -47,6 +59,8 @@ def robust_linear_fit(
     largest ``y``: a relative sd of a prior coefficient that is exactly 0 (a
     previous fit pinned at its bound, restored as the prior) would otherwise
     give an infinite weight, and the fit NaN.
+
+    One piece per pass (see :mod:`ebplus.controller.pieces`).
     """
     design = np.asarray(design, dtype=float)
     y = np.asarray(y, dtype=float)
@@ -85,6 +99,7 @@ def robust_linear_fit(
         weights = np.minimum(1.0, cut / np.maximum(abs_r, 1e-300))
         if prior is not None:
             prior_w = (sigma / np.maximum(sd, 1e-300)) ** 2
+        yield
     return coef / scale
 
 
@@ -100,6 +115,40 @@ def _weighted_fit(xs: np.ndarray, y: np.ndarray, w: np.ndarray, lb: np.ndarray, 
         if not violated.any():
             return coef
         pinned |= violated
+
+
+class _Window:
+    """The newest ``size`` rows of step samples, oldest first: a ring in one float array.
+
+    Not a deque of tuples: at 256 replicas those were 1.5 M small objects that every full
+    garbage collection walked (~90 ms, a pause on the controller's event loop), and that
+    each refit converted to an array. The values are the same floats either way.
+    """
+
+    def __init__(self, size: int, columns: int) -> None:
+        self._data = np.zeros((size, columns))
+        self._head = 0  # next row to write
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def extend(self, rows: list[tuple]) -> None:
+        if not rows:
+            return
+        size = self._data.shape[0]
+        block = np.asarray(rows[-size:], dtype=float)
+        first = min(len(block), size - self._head)
+        self._data[self._head : self._head + first] = block[:first]
+        self._data[: len(block) - first] = block[first:]
+        self._head = (self._head + len(block)) % size
+        self._len = min(size, self._len + len(rows))
+
+    def rows(self) -> np.ndarray:
+        """A copy of the rows held, oldest first."""
+        if self._len < self._data.shape[0]:
+            return self._data[: self._len].copy()
+        return np.concatenate([self._data[self._head :], self._data[: self._head]])
 
 
 @dataclass(frozen=True)
@@ -143,9 +192,9 @@ class CostModelFitter:
         self.prior = prior
         self.min_steps = min_steps
         self.prior_sd = prior_sd
-        self._prefill: deque[tuple[int, float]] = deque(maxlen=window)
-        self._decode: deque[tuple[int, int, float]] = deque(maxlen=window)
-        self._mixed: deque[tuple[int, int, int, float]] = deque(maxlen=window)
+        self._prefill = _Window(window, 2)  # prefill tokens, seconds
+        self._decode = _Window(window, 3)  # sequences, KV tokens read, seconds
+        self._mixed = _Window(window, 4)  # prefill tokens, decode tokens, KV tokens read, seconds
 
     def observe_step(self, n_prefill_tokens: int, n_decode_tokens: int, seconds: float, kv_tokens: int = 0) -> None:
         """Record one step. Raises ``ValueError`` for empty steps or bad timings."""
@@ -159,11 +208,29 @@ class CostModelFitter:
             raise ValueError("a step must schedule at least one token")
         kind = StepKind.of(p, d)
         if kind is StepKind.PREFILL:
-            self._prefill.append((p, s))
+            self._prefill.extend([(p, s)])
         elif kind is StepKind.DECODE:
-            self._decode.append((d, kv, s))
+            self._decode.extend([(d, kv, s)])
         else:
-            self._mixed.append((p, d, kv, s))
+            self._mixed.extend([(p, d, kv, s)])
+
+    def observe_records(self, records: Iterable[StepRecord]) -> None:
+        """:meth:`observe_step` for each record, in order, without checking them again.
+
+        For records that passed :func:`ebplus.controller.telemetry.check_step` (the
+        controller's path, one call per telemetry batch).
+        """
+        prefill, decode, mixed = [], [], []
+        for rec in records:
+            p, d, s = rec.prefill_tokens, rec.decode_tokens, float(rec.seconds)
+            if not d:
+                prefill.append((p, s))
+            elif not p:
+                decode.append((d, rec.kv_tokens, s))
+            else:
+                mixed.append((p, d, rec.kv_tokens, s))
+        for window, rows in ((self._prefill, prefill), (self._decode, decode), (self._mixed, mixed)):
+            window.extend(rows)
 
     @staticmethod
     def _spread(x: np.ndarray) -> bool:
@@ -172,26 +239,28 @@ class CostModelFitter:
     def _sd(self, values: tuple[float, ...], floor: float) -> np.ndarray:
         return self.prior_sd * np.maximum(np.abs(np.asarray(values, dtype=float)), floor)
 
-    def _fit_prefill(self) -> tuple[tuple[float, float], bool]:
+    def _fit_prefill(self) -> Pieces[tuple[tuple[float, float], bool]]:
         prior = self.prior
         default = (prior.alpha_p, prior.beta_p)
         if len(self._prefill) < self.min_steps:
             return default, False
-        arr = np.asarray(self._prefill, dtype=float)
+        arr = self._prefill.rows()
+        yield
         n, t = arr[:, 0], arr[:, 1]
         if not self._spread(n):
             return default, False
         design = np.column_stack([np.ones_like(n), n])
         sd = self._sd(default, 0.0)
-        alpha, beta = robust_linear_fit(design, t, lower=(1e-9, 0.0), prior=default, prior_sd=sd)
+        alpha, beta = yield from robust_linear_fit_pieces(design, t, lower=(1e-9, 0.0), prior=default, prior_sd=sd)
         return (float(alpha), float(beta)), True
 
-    def _fit_decode(self) -> tuple[tuple[float, float, float], bool]:
+    def _fit_decode(self) -> Pieces[tuple[tuple[float, float, float], bool]]:
         prior = self.prior
         default = (prior.alpha_d, prior.beta_d, prior.beta_kv)
         if len(self._decode) < self.min_steps:
             return default, False
-        arr = np.asarray(self._decode, dtype=float)
+        arr = self._decode.rows()
+        yield
         n, kv, t = arr[:, 0], arr[:, 1], arr[:, 2]
         with_kv = bool(kv.any())
         if not (self._spread(n) or (with_kv and self._spread(kv))):
@@ -200,20 +269,27 @@ class CostModelFitter:
             design = np.column_stack([np.ones_like(n), n, kv])
             sd = self._sd(default, 0.0)
             sd[2] = self.prior_sd * max(prior.beta_kv, 1e-3 * prior.beta_d, 1e-12)
-            a, b, k = robust_linear_fit(design, t, lower=(1e-9, 0.0, 0.0), prior=default, prior_sd=sd)
+            a, b, k = yield from robust_linear_fit_pieces(design, t, lower=(1e-9, 0.0, 0.0), prior=default, prior_sd=sd)
             return (float(a), float(b), float(k)), True
         design = np.column_stack([np.ones_like(n), n])
-        a, b = robust_linear_fit(design, t, lower=(1e-9, 0.0), prior=default[:2], prior_sd=self._sd(default[:2], 0.0))
+        sd2 = self._sd(default[:2], 0.0)
+        a, b = yield from robust_linear_fit_pieces(design, t, lower=(1e-9, 0.0), prior=default[:2], prior_sd=sd2)
         return (float(a), float(b), 0.0), True
 
     def fit(self) -> CostFit:
+        """Fit the model to the steps held now (:meth:`fit_pieces`, run to its end)."""
+        return pieces.run(self.fit_pieces())
+
+    def fit_pieces(self) -> Pieces[CostFit]:
+        """:meth:`fit` a piece at a time (:mod:`ebplus.controller.pieces`): one per regression pass."""
         prior = self.prior
-        (alpha_p, beta_p), got_p = self._fit_prefill()
-        (alpha_d, beta_d, beta_kv), got_d = self._fit_decode()
+        (alpha_p, beta_p), got_p = yield from self._fit_prefill()
+        (alpha_d, beta_d, beta_kv), got_d = yield from self._fit_decode()
         fitted = [name for name, ok in (("prefill", got_p), ("decode", got_d)) if ok]
         alpha_mb, coeffs = prior.alpha_mb, prior.beta_mb
         if len(self._mixed) >= self.min_steps:
-            arr = np.asarray(self._mixed, dtype=float)
+            arr = self._mixed.rows()
+            yield
             n = arr[:, 0] + arr[:, 1]
             r = arr[:, 1] / n
             t = arr[:, 3] - beta_kv * arr[:, 2]  # the KV reads priced as in decode steps
@@ -222,7 +298,8 @@ class CostModelFitter:
                 pri = (prior.alpha_mixed, *prior.beta_mb)
                 sd = self._sd(pri, 0.0)
                 sd[1:] = self._sd(prior.beta_mb, 0.25 * max(abs(x) for x in prior.beta_mb))
-                a0, a, b, c = robust_linear_fit(design, t, lower=(1e-9, -np.inf, -np.inf, 0.0), prior=pri, prior_sd=sd)
+                lower = (1e-9, -np.inf, -np.inf, 0.0)
+                a0, a, b, c = yield from robust_linear_fit_pieces(design, t, lower=lower, prior=pri, prior_sd=sd)
                 candidate = (float(a), float(b), float(c))
                 # keep the fit only if it is a usable cost curve: >= 0 on all of [0, 1],
                 # the very check CostModel applies (a looser one let a fit through that

@@ -33,16 +33,18 @@ KV a request holds of its own do.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ebplus.controller import departures, theory
+from ebplus.controller import departures, pieces, theory
 from ebplus.controller.messages import CompletionRecord, FinishReason, RunningRequest
+from ebplus.controller.pieces import Pieces
 
 Clock = Callable[[], float]
 
@@ -146,6 +148,32 @@ class EstimatorState:
     first: Estimate | None = None
 
 
+def _recent(
+    done: dict[int, CompletionRecord], newest: list[int], share: int
+) -> tuple[int, list[tuple[int, CompletionRecord]]]:
+    """``(lo, items)``: the admission number below the ``share`` newest finished requests (-1: all of them are
+    in), and the ``(seq, record)`` items above it, in the order they were recorded.
+
+    ``newest`` holds the ``share`` largest keys of ``done``, ascending. A replica holds up to
+    twice the whole window while a fleet's window gives it a share of it (2 records of 500
+    with 256 replicas): the newest admissions were mostly recorded last, so they are looked
+    for from the end, and the rest of ``done`` is not visited.
+    """
+    if len(done) < share:
+        return -1, list(done.items())
+    lo = newest[0] - 1
+    if 2 * share >= len(done):
+        return lo, [(seq, rec) for seq, rec in done.items() if seq > lo]
+    out = []
+    for seq, rec in reversed(done.items()):
+        if seq > lo:
+            out.append((seq, rec))
+            if len(out) == share:
+                break
+    out.reverse()
+    return lo, out
+
+
 class WorkloadEstimator:
     """Admission-ordered windows of finished and running requests, and the periodic fit.
 
@@ -177,6 +205,9 @@ class WorkloadEstimator:
         )
         self._clock = clock
         self._replicas: dict[str, ReplicaWindow] = {}
+        # per replica, the `_share` largest admission numbers it finished, ascending (see _recent)
+        self._newest: dict[str, list[int]] = {}
+        self._share = 0
         self._inputs: deque[int] = deque(maxlen=input_window or window)
         self._cached: deque[int] = deque(maxlen=input_window or window)
         self.completions = 0  # all observed, ever
@@ -191,18 +222,41 @@ class WorkloadEstimator:
         """Record one finished request (natural stop, cap or abort). Raises ``ValueError`` on impossible lengths."""
         theory.int_at_least("input_len", record.input_len, 1)
         theory.int_at_least("output_len", record.output_len, 1)
-        w = self._replicas.setdefault(replica, ReplicaWindow())
-        seq = record.seq
-        if seq < 0:
-            seq, w.next_seq = w.next_seq, w.next_seq + 1
-        w.done[seq] = record
-        if len(w.done) > 2 * self.window:  # keep the newest admissions only (trimmed in bulk: cheap per record)
-            for old in sorted(w.done)[: len(w.done) - self.window]:
-                del w.done[old]
-        self._inputs.append(record.input_len)
-        self._cached.append(min(record.cached_tokens, record.input_len))
-        self.completions += 1
-        self.pending += 1
+        self._add(replica, (record,))
+
+    def observe_many(self, records: Sequence[CompletionRecord], replica: str = "") -> None:
+        """:meth:`observe` for each of ``records``, in order (the controller's path: one call per batch).
+
+        Raises ``ValueError`` on an impossible length, before recording any of them.
+        """
+        if not records:
+            return
+        theory.int_at_least("input_len", min(r.input_len for r in records), 1)
+        theory.int_at_least("output_len", min(r.output_len for r in records), 1)
+        self._add(replica, records)
+
+    def _add(self, replica: str, records: Sequence[CompletionRecord]) -> None:
+        w = self._replicas.get(replica)
+        if w is None:
+            w = self._replicas[replica] = ReplicaWindow()
+        done, limit = w.done, 2 * self.window
+        newest, share = self._newest.get(replica), self._share
+        for record in records:
+            seq = record.seq
+            if seq < 0:
+                seq, w.next_seq = w.next_seq, w.next_seq + 1
+            if newest is not None and seq not in done and (len(newest) < share or seq > newest[0]):
+                bisect.insort(newest, seq)
+                if len(newest) > share:
+                    del newest[0]
+            done[seq] = record
+            if len(done) > limit:  # keep the newest admissions only (trimmed in bulk: cheap per record)
+                for old in sorted(done)[: len(done) - self.window]:
+                    del done[old]
+        self._inputs.extend(r.input_len for r in records)
+        self._cached.extend(min(r.cached_tokens, r.input_len) for r in records)
+        self.completions += len(records)
+        self.pending += len(records)
 
     def observe_running(self, replica: str, running: Sequence[RunningRequest], total: int) -> None:
         """The replica's requests still running now (a sample of ``total``); replaces its previous report."""
@@ -243,7 +297,11 @@ class WorkloadEstimator:
     # -- the fit -----------------------------------------------------------
 
     def sample(self) -> departures.Sample:
-        """The window as arrays.
+        """The window as arrays (:meth:`sample_pieces`, run to its end)."""
+        return pieces.run(self.sample_pieces())
+
+    def sample_pieces(self) -> Pieces[departures.Sample]:
+        """The window as arrays, one piece per replica (:mod:`ebplus.controller.pieces`).
 
         Per replica, every request admitted after the one whose completion is the
         ``window / replicas``-th newest: its finished requests, and its running ones
@@ -252,14 +310,13 @@ class WorkloadEstimator:
         running ones unbiased (a window of the newest admissions alone would hold only
         young running requests once more are running than it is long).
         """
-        live = [w for w in self._replicas.values() if w.done or w.running]
-        share = max(1, math.ceil(self.window / max(len(live), 1)))
+        live, share = self._live()
+        yield
         dur, natural, capped, caps, weights, running = [], [], [], [], [], []
-        for w in live:
-            seqs = sorted(w.done)
-            lo = seqs[-share] - 1 if len(seqs) >= share else -1
-            for seq, rec in w.done.items():
-                if seq <= lo or rec.finish is FinishReason.ERROR:
+        for w, newest in live:
+            lo, recent = _recent(w.done, newest, share)
+            for _, rec in recent:
+                if rec.finish is FinishReason.ERROR:
                     continue
                 cap = rec.max_tokens or (rec.output_len if rec.finish is FinishReason.LENGTH else 0)
                 dur.append(rec.output_len)
@@ -279,13 +336,32 @@ class WorkloadEstimator:
                 caps.append(r.max_tokens)
                 weights.append(scale)
                 running.append(not at_cap)
+            yield
         return departures.Sample.of(dur, natural, capped, caps, weights, running)
+
+    def _live(self) -> tuple[list[tuple[ReplicaWindow, list[int]]], int]:
+        """Replicas with something in their window (with their newest admissions), and each one's share of it."""
+        live = [(rid, w) for rid, w in self._replicas.items() if w.done or w.running]
+        share = max(1, math.ceil(self.window / max(len(live), 1)))
+        if share != self._share:  # the fleet changed size: rebuilt once, then kept up by _add
+            self._share = share
+            self._newest = {rid: sorted(w.done)[-share:] for rid, w in self._replicas.items()}
+        for rid, w in self._replicas.items():
+            if rid not in self._newest:
+                self._newest[rid] = sorted(w.done)[-share:]
+        return [(w, self._newest[rid]) for rid, w in live], share
 
     def update(self) -> Estimate | None:
         """Fit the window now; ``None`` while fewer than ``min_samples`` finished requests are held."""
+        return pieces.run(self.update_pieces())
+
+    def update_pieces(self) -> Pieces[Estimate | None]:
+        """:meth:`update` a piece at a time (:mod:`ebplus.controller.pieces`): the window replica by
+        replica, then the fit."""
         if self.n_samples < self.min_samples or not self._inputs:
             return None
-        sample = self.sample()
+        sample = yield from self.sample_pieces()
+        yield
         fit = departures.fit(sample)
         prompt = float(np.mean(self._inputs))
         computed = prompt - float(np.mean(self._cached))
@@ -321,17 +397,31 @@ class WorkloadEstimator:
     # -- persistence -------------------------------------------------------
 
     def state(self) -> EstimatorState:
-        """A snapshot for persistence (see :meth:`restore`): each replica's window, nothing older."""
-        replicas = {}
-        for rid, w in self._replicas.items():
-            seqs = sorted(w.done)
-            lo = seqs[-self.window] - 1 if len(seqs) >= self.window else -1
-            replicas[rid] = ReplicaWindow(
-                done={seq: rec for seq, rec in w.done.items() if seq > lo},
+        """A snapshot for persistence (see :meth:`restore`): each replica's window, nothing older.
+
+        The window is what :meth:`sample` fits: per replica, its ``window / replicas`` newest
+        finished admissions and what it runs since (a resumed controller's first estimate is the
+        last one's, for the same replicas). Older records the trimming still holds are not
+        kept: at fleet scale they are most of the state (256 replicas each holding 500 records
+        made a 5 MB snapshot for a window of 500).
+        """
+        return self.state_without_windows(dict(self.windows()))
+
+    def windows(self) -> Iterator[tuple[str, ReplicaWindow]]:
+        """Each replica's persisted window (see :meth:`state`), one replica at a time."""
+        _, share = self._live()
+        newest = self._newest
+        for rid, w in list(self._replicas.items()):
+            lo, recent = _recent(w.done, newest[rid], share)
+            yield rid, ReplicaWindow(
+                done=dict(recent),
                 running=[r for r in w.running if r.seq > lo],
                 running_total=w.running_total,
                 next_seq=w.next_seq,
             )
+
+    def state_without_windows(self, replicas: dict[str, ReplicaWindow]) -> EstimatorState:
+        """:meth:`state` with ``replicas`` as the windows (from :meth:`windows`, gathered meanwhile)."""
         return EstimatorState(
             replicas=replicas,
             inputs=list(self._inputs),
@@ -346,6 +436,7 @@ class WorkloadEstimator:
     def restore(self, state: EstimatorState) -> None:
         """Load a snapshot made by :meth:`state` (windows keep their own sizes)."""
         self._replicas = dict(state.replicas)
+        self._newest, self._share = {}, 0
         self._inputs.clear()
         self._inputs.extend(state.inputs)
         self._cached.clear()

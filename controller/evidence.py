@@ -113,22 +113,28 @@ class _Ledger:
         self.lengths: list[tuple[float, float]] = []  # (mu_l, mu_o) of the estimates the steps ran under
 
     def add(self, records: Iterable[StepRecord]) -> int:
-        added = 0
-        cap = self.rows.shape[0]
-        for rec in records:
-            if rec.prefill_tokens + rec.decode_tokens <= 0:
-                continue
-            prefill_only = rec.decode_tokens == 0
-            starts = prefill_only and not self.in_prefill  # a prefill phase starts (EB's cycle; MB has none)
-            self.phases += starts
-            self.in_prefill = prefill_only
-            row = (rec.prefill_tokens, rec.decode_tokens, rec.kv_tokens, rec.seconds, rec.running, starts)
-            self.rows[self.head] = row
-            self.head = (self.head + 1) % cap
-            self.size = min(self.size + 1, cap)
-            added += 1
-        self.total += added
-        return added
+        """Append the steps that computed something, in order; one array write per call (a telemetry batch)."""
+        rows = [(r.prefill_tokens, r.decode_tokens, r.kv_tokens, r.seconds, r.running, 0) for r in records
+                if r.prefill_tokens + r.decode_tokens > 0]  # fmt: skip
+        if not rows:
+            return 0
+        block = np.array(rows, dtype=float)
+        prefill_only = block[:, 1] == 0
+        before = np.concatenate([[self.in_prefill], prefill_only[:-1]])
+        starts = prefill_only & ~before  # a prefill phase starts (EB's cycle; MB has none)
+        block[:, 5] = starts
+        self.phases += int(starts.sum())
+        self.in_prefill = bool(prefill_only[-1])
+        cap, n = self.rows.shape[0], len(rows)
+        last = block[-cap:]  # what a row-by-row ring would still hold of them
+        at = (self.head + n - len(last)) % cap
+        first = min(len(last), cap - at)
+        self.rows[at : at + first] = last[:first]
+        self.rows[: len(last) - first] = last[first:]
+        self.head = (self.head + n) % cap
+        self.size = min(self.size + n, cap)
+        self.total += n
+        return n
 
     def view(self) -> np.ndarray:
         return self.rows[: self.size]

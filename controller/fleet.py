@@ -23,13 +23,14 @@ persistence in :mod:`ebplus.controller.persistence`.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ebplus.controller import persistence, views
+from ebplus.controller import persistence, pieces, replica_work, views
 from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_fit import CostFit, CostModelFitter
 from ebplus.controller.cost_model import CostModel
@@ -39,28 +40,35 @@ from ebplus.controller.messages import (
     CompletionRecord,
     EngineFacts,
     EngineStats,
-    FinishReason,
     Mode,
     Registration,
     RunningRequest,
     StepKind,
-    StepRecord,
     TelemetryBatch,
     ThresholdUpdate,
 )
 from ebplus.controller.overrides import FLEET, OverrideError, Overrides, Target
+from ebplus.controller.pieces import Pieces
 from ebplus.controller.planner import Plan, ThresholdPlanner
-from ebplus.controller.stats import STEP_SECONDS_BUCKETS, UPDATE_SECONDS_BUCKETS, Histogram
-from ebplus.controller.telemetry import CleanBatch, check_completion, check_running, check_step, clean_batch, valid
+from ebplus.controller.stats import UPDATE_SECONDS_BUCKETS, Histogram
+from ebplus.controller.telemetry import check_completion, check_running, check_step, clean_batch, valid
 
 logger = logging.getLogger("ebplus.controller")
 
 #: Weight of each plan interval's tokens/s in a replica's load average.
 LOAD_EMA = 0.3
+
 #: Replicas whose state a controller keeps aside after forgetting them (see ``FleetController.forget``).
 MAX_SAVED_REPLICAS = 64
 
 Clock = Callable[[], float]
+
+
+class Stage(enum.Enum):
+    """Where :meth:`FleetController.recompute_pieces` pauses."""
+
+    WORKING = "working"  # between two pieces of work: a caller may serve others here
+    PLANNED = "planned"  # every replica re-planned, nothing published yet: persist here
 
 
 @dataclass
@@ -95,6 +103,10 @@ class ReplicaState:
     load_tokens: int = 0  # tokens the replica's steps computed since its last plan (the offered load)
     load_since: float | None = None  # when that count started
     load: float | None = None  # its average over plans (tokens/s)
+    steps_seen: int = 0  # step records absorbed, ever (a refit with no new one would change nothing)
+    fitted_steps: int = -1  # steps_seen at the last cost refit
+    fitted_at: int = 0  # the update of the last cost refit
+    sampling: tuple[float, float] = (1.0, 1.0)  # shares of requests and cycles it reports (replicas/sampling.py)
 
     @property
     def cost_model(self) -> CostModel:
@@ -179,7 +191,8 @@ class FleetController:
         )
         if old is not None:
             for name in ("cost", "concurrency", "mode_switches", "engine_stats", "step_seconds", "next_completion",
-                         "next_step", "dropped_completions", "dropped_steps", "applied_version", "active_since"):  # fmt: skip
+                         "next_step", "dropped_completions", "dropped_steps", "applied_version", "active_since",
+                         "steps_seen", "fitted_steps", "fitted_at"):  # fmt: skip
                 setattr(state, name, getattr(old, name))
         elif saved is not None:
             state.concurrency, state.mode_switches = saved.concurrency, saved.mode_switches
@@ -239,13 +252,24 @@ class FleetController:
         wrong shape is counted (``bad_batch``) and ignored, a bad record is counted
         by reason, and a record already ingested (a late duplicate) is skipped.
         """
+        replica, due = self.absorb(batch)
+        if replica is None:
+            return None
+        if due is not None:
+            self.recompute(due)
+        self.expire_overrides()
+        return replica.current
+
+    def absorb(self, batch: TelemetryBatch) -> tuple[ReplicaState | None, str | None]:
+        """:meth:`ingest` without the re-plan, for a caller that re-plans off the ingest path (the actor of a
+        large fleet): the sender's state (``None``: unknown) and the cause of a re-plan now due, if any."""
         self.received["batches"] += 1
         clean = clean_batch(batch, self.rejected)
         replica = None if clean is None else self.replicas.get(clean.replica_id)
         if clean is None or replica is None:
             if clean is not None:
                 self.rejected["unknown_replica"] += 1
-            return None
+            return None, None
         replica.last_seen = self.clock()
         running_mode = self._running_mode(replica)  # what the batch's steps ran: known from the previous push
         if clean.applied_version is not None:
@@ -257,19 +281,20 @@ class FleetController:
         completions = valid(self._fresh(replica, "next_completion", clean.completions, clean.completions_from),
                             check_completion, self.rejected)  # fmt: skip
         steps = valid(self._fresh(replica, "next_step", clean.steps, clean.steps_from), check_step, self.rejected)
-        self._ingest_completions(replica.replica_id, completions)
+        replica_work.absorb_completions(self.received, self.workload, replica.replica_id, completions)
         running = None if clean.running is None else valid(clean.running, check_running, self.rejected)
         self._attribute_latency(replica, running_mode, completions, running or ())
         if running is not None:
             self.workload.observe_running(replica.replica_id, running, clean.running_total)
-        replica.completed_since_plan += len(completions)
-        self._ingest_steps(replica, steps)
+        replica.sampling = (clean.request_rate, clean.step_rate)
+        # preemptions are counted on the engine, all of them: relate them to all its completions
+        replica.completed_since_plan += round(len(completions) / clean.request_rate)
+        replica_work.absorb_steps(self.received, replica, steps, self.config.concurrency_ema)
         if running_mode is not None and steps:
             est = self.workload.estimate
             lengths = None if est is None else (est.mu_l, est.mu_o)
             replica.evidence.observe(running_mode, steps, replica.planner.state.plans, lengths)
-        self._after_ingest(replica, clean)
-        return replica.current
+        return replica, self._due(replica)
 
     @staticmethod
     def _attribute_latency(
@@ -300,16 +325,17 @@ class FleetController:
         """
         return replica.current.active if replica.applied_version >= replica.active_since else None
 
-    def _after_ingest(self, replica: ReplicaState, clean: CleanBatch) -> None:
+    def _due(self, replica: ReplicaState) -> str | None:
+        """Why the fleet must be re-planned after this replica's push, if it must."""
         if self.workload.update_due():
-            self.recompute("periodic")
-        elif self._concurrency_moved(replica):
-            self.recompute("concurrency")
-        elif self._explored(replica):
-            self.recompute("explored")
-        elif self._cold_switch(replica):
-            self.recompute("cold")
-        self.expire_overrides()
+            return "periodic"
+        if self._concurrency_moved(replica):
+            return "concurrency"
+        if self._explored(replica):
+            return "explored"
+        if self._cold_switch(replica):
+            return "cold"
+        return None
 
     def _fresh(self, replica: ReplicaState, cursor: str, records: object, start: int | None) -> tuple:
         """The records of one kind the controller does not have yet.
@@ -374,33 +400,6 @@ class FleetController:
             logger.info("replica %s: %s", replica.replica_id, reason)
         return reason is not None or capped is not None
 
-    def _ingest_completions(self, replica_id: str, records: list[CompletionRecord]) -> None:
-        for rec in records:
-            self.received["completions"] += 1
-            if rec.finish is FinishReason.ERROR or rec.output_len < 1:
-                self.received["aborted"] += 1  # says nothing about the natural length
-                continue
-            # An abort censors the natural length; a cap is a departure known at admission (the
-            # departure model, ebplus.controller.departures, treats each as what it is).
-            if rec.finish is FinishReason.ABORT:
-                self.received["aborted"] += 1
-            self.workload.observe(rec, replica_id)
-
-    def _ingest_steps(self, replica: ReplicaState, records: list[StepRecord]) -> None:
-        alpha = self.config.concurrency_ema
-        for rec in records:
-            self.received["steps"] += 1
-            replica.load_tokens += rec.prefill_tokens + rec.decode_tokens
-            replica.fitter.observe_step(rec.prefill_tokens, rec.decode_tokens, rec.seconds, rec.kv_tokens)
-            kind = rec.kind
-            hist = replica.step_seconds.get(kind)
-            if hist is None:
-                hist = replica.step_seconds[kind] = Histogram(STEP_SECONDS_BUCKETS)
-            hist.observe(rec.seconds)
-            demand = float(rec.running + rec.waiting)
-            c = replica.concurrency
-            replica.concurrency = demand if c is None else c + alpha * (demand - c)
-
     @staticmethod
     def _new_preemptions(replica: ReplicaState) -> int:
         """Preemptions the replica reported (cumulative engine stats) since the last plan."""
@@ -420,30 +419,46 @@ class FleetController:
 
     def recompute(self, cause: str = "manual") -> int:
         """Re-estimate the workload and re-plan every replica; returns the new version."""
+        return pieces.run(self.recompute_pieces(cause, fine=False))
+
+    def recompute_pieces(self, cause: str = "manual", fine: bool = True) -> Pieces[int]:
+        """:meth:`recompute` a piece at a time (:mod:`ebplus.controller.pieces`), for a caller that serves
+        telemetry between pieces (the actor of a large fleet). Yields :attr:`Stage.PLANNED` once, when every
+        replica is re-planned and nothing published yet (persist there); returns the new version. It
+        re-plans the replicas registered when it started; ``fine`` splits cost refits into their passes."""
         started = time.perf_counter()
-        estimate = self.workload.update()
-        self.version += 1
+        estimate = yield from self.workload.update_pieces()
         self.updates += 1
-        for replica in self.replicas.values():
+        replicas = list(self.replicas.values())
+        refit = replica_work.refits(replicas, self.updates, self.config.cost_refit_every)
+        plans: list[Plan | None] = []
+        for replica in replicas:
+            yield Stage.WORKING
             plan = None
-            if estimate is not None:
+            if estimate is not None and self.replicas.get(replica.replica_id) is replica:
                 try:
-                    plan = self._plan(replica, estimate)
+                    plan = yield from self._plan(replica, estimate, replica.replica_id in refit, fine)
                 except Exception:
                     # One replica's failed re-plan must not stop the others', nor this
                     # replica's convergence: it keeps its previous plan under the new
                     # version, and the failure is logged and counted (plan_errors).
                     logger.exception("re-plan of replica %s failed; it keeps its previous plan", replica.replica_id)
                     self.plan_errors += 1
-            self._publish(replica, cause, estimate, plan)
+            plans.append(plan)
+        self.version += 1
+        yield Stage.PLANNED
+        for replica, plan in zip(replicas, plans, strict=True):
+            if self.replicas.get(replica.replica_id) is replica:
+                self._publish(replica, cause, estimate, plan)
+            yield Stage.WORKING
         self.last_update_seconds = time.perf_counter() - started
         self.update_seconds.observe(self.last_update_seconds)
         return self.version
 
-    def _plan(self, replica: ReplicaState, estimate: Estimate) -> Plan:
-        # refits are staggered so one update refits about 1/cost_refit_every of the fleet
-        if replica.cost is None or (self.updates + replica.ordinal) % self.config.cost_refit_every == 0:
-            replica.cost = replica.fitter.fit()
+    def _plan(self, replica: ReplicaState, estimate: Estimate, refit: bool, fine: bool) -> Pieces[Plan]:
+        if refit or replica.cost is None:
+            replica.cost = (yield from replica.fitter.fit_pieces()) if fine else replica.fitter.fit()
+            replica.fitted_steps, replica.fitted_at = replica.steps_seen, self.updates
         return replica.planner.plan(
             estimate,
             replica.cost.model,

@@ -310,6 +310,9 @@ class TelemetryBatch(Message, frozen=True, kw_only=True):
     still be delivered after the replica re-sent its records in a later batch (a
     hung controller works off its queue when it resumes); the indices let the
     controller skip what it already has instead of counting it twice.
+
+    ``request_rate`` / ``step_rate`` are the shares of its requests and engine cycles
+    the replica reports (1: all; see ``ebplus.replicas.sampling``).
     """
 
     wire: int = WIRE_VERSION
@@ -325,6 +328,8 @@ class TelemetryBatch(Message, frozen=True, kw_only=True):
     stats: EngineStats | None = None
     completions_from: int = -1
     steps_from: int = -1
+    request_rate: float = 1.0
+    step_rate: float = 1.0
 
 
 # --------------------------------------------------------------------------- the codec

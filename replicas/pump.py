@@ -29,6 +29,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from ebplus.controller.client import ControllerClient, ControllerUnavailable
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.fleet import FleetController
@@ -44,6 +46,7 @@ from ebplus.controller.messages import (
     TelemetryBatch,
     ThresholdUpdate,
 )
+from ebplus.replicas.sampling import ALL, Sampling, TelemetrySampler
 
 
 class TelemetryOutbox:
@@ -80,6 +83,7 @@ class TelemetryOutbox:
         running: list[RunningRequest] | None = None,
         running_total: int = -1,
         sent_at: float = 0.0,
+        sampling: Sampling = ALL,
     ) -> TelemetryBatch:
         return TelemetryBatch(
             replica_id=replica_id,
@@ -94,6 +98,8 @@ class TelemetryOutbox:
             stats=stats,
             completions_from=self.completions_from,
             steps_from=self.steps_from,
+            request_rate=sampling.requests,
+            step_rate=sampling.steps,
         )
 
     def clear(self) -> None:
@@ -148,6 +154,7 @@ class TelemetryPump:
         prior: the prior cost model for a device name (a replica picks it for its GPU).
         capacity: records the outbox holds per kind while the controller is away.
         clock: stamps batches (``sent_at``).
+        sampling: the share of its requests and engine cycles it reports (:mod:`ebplus.replicas.sampling`).
     """
 
     def __init__(
@@ -157,8 +164,10 @@ class TelemetryPump:
         prior: Callable[[str], CostModel],
         capacity: int,
         clock: Callable[[], float] = time.time,
+        sampling: Sampling = ALL,
     ) -> None:
         self.replica_id = replica_id
+        self.sampler = TelemetrySampler(sampling)
         self.mode = mode
         self.prior = prior
         self.clock = clock
@@ -175,6 +184,11 @@ class TelemetryPump:
         """One push: drain, (register,) ingest, apply. Drive it with :func:`run` or :func:`arun`."""
         report = yield Drain()
         self.report, self.facts, self.applied = report, report.facts, report.applied
+        sampler = self.sampler
+        if sampler.sampling != ALL:
+            report = msgspec.structs.replace(
+                report, completions=sampler.completions(report.completions), steps=sampler.steps(report.steps)
+            )
         self.outbox.add(report)
         try:
             if not self.registered:
@@ -215,13 +229,15 @@ class TelemetryPump:
     def _batch(self) -> TelemetryBatch:
         report = self.report
         assert report is not None and self.applied is not None
+        running, total = self.sampler.running(report.running, report.running_total)
         return self.outbox.batch(
             self.replica_id,
             self.applied.version,
             report.stats,
-            running=report.running,
-            running_total=report.running_total,
+            running=running,
+            running_total=total,
             sent_at=self.clock(),
+            sampling=self.sampler.sampling,
         )
 
 

@@ -1,0 +1,376 @@
+"""The fleet-scale fast paths give what the straightforward paths gave, record for record.
+
+Validation of a whole batch, bulk absorption, the estimator's window without sorting, the
+cost fitter's ring windows, refits and re-plans in pieces, the snapshot built in pieces:
+each is checked against a plain reference (the code they replaced, or the same code run
+in one go) on random inputs, so the simulator's results (which run the same controller)
+cannot drift through them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, deque
+
+import msgspec
+import numpy as np
+import pytest
+from factories import PRIOR, batch, registration
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ebplus.controller import persistence, pieces, replica_work
+from ebplus.controller.config import ControllerConfig
+from ebplus.controller.cost_fit import CostModelFitter, _Window
+from ebplus.controller.estimator import WorkloadEstimator
+from ebplus.controller.evidence import _Ledger
+from ebplus.controller.fleet import FleetController, Stage
+from ebplus.controller.messages import CompletionRecord, FinishReason, RunningRequest, StepRecord
+from ebplus.controller.telemetry import check_completion, check_running, check_step, valid
+
+# -- validation ----------------------------------------------------------------------------
+
+ints = st.one_of(
+    st.integers(min_value=-3, max_value=60),
+    st.sampled_from([0, 1, 10**7, 10**7 + 1, 2**62, 2**62 + 1, 10**11 + 1]),
+    st.just(True),
+    st.just(3.0),
+    st.just(2.5),
+    st.just(math.nan),
+    st.none(),
+)
+floats = st.one_of(st.floats(min_value=-1, max_value=700), st.just(math.inf), st.just(math.nan), st.just(2), st.none())
+finishes = st.one_of(st.sampled_from(list(FinishReason)), st.sampled_from(["stop", "abort", "nope"]), st.none())
+good_completion = st.builds(
+    CompletionRecord,
+    st.integers(1, 5000),
+    st.integers(1, 5000),
+    st.sampled_from(list(FinishReason)),
+    st.integers(-1, 10**6),
+    st.integers(0, 5000),
+    st.integers(0, 5000),
+)
+any_completion = st.builds(CompletionRecord, ints, ints, finishes, ints, ints, ints)
+
+
+#: Values at and just past every bound a check applies, and of every wrong type.
+edges = st.sampled_from([-2, -1, 0, 1, 10**7, 10**7 + 1, 2**62, 2**62 + 1, 10**11, 10**11 + 1, True, 2.0, 0.0, -0.5,
+                         600.0, 600.5, math.inf, math.nan, None, "stop", "x"])  # fmt: skip
+
+
+def _one_field_off(good: st.SearchStrategy, kind: type, values: st.SearchStrategy) -> st.SearchStrategy:
+    """A valid record with one field replaced: the records a batch check is most likely to get wrong."""
+    fields = st.sampled_from(kind.__struct_fields__)
+    return st.tuples(good, fields, values).map(lambda t: t[0].replace(**{t[1]: t[2]}) if hasattr(t[0], "replace")
+                                               else msgspec.structs.replace(t[0], **{t[1]: t[2]}))  # fmt: skip
+good_step = st.builds(
+    StepRecord, st.integers(0, 9000), st.integers(1, 900), st.integers(0, 900), st.integers(0, 900),
+    st.floats(1e-4, 5.0), st.integers(0, 10**6),
+)  # fmt: skip
+any_step = st.builds(StepRecord, ints, ints, ints, ints, floats, ints)
+good_running = st.builds(
+    RunningRequest, st.integers(0, 10**6), st.integers(1, 5000), st.integers(0, 5000), st.integers(0, 5000),
+    st.integers(0, 5000),
+)  # fmt: skip
+any_running = st.builds(RunningRequest, ints, ints, ints, ints, ints)
+
+
+def _one_by_one(records: list, check: object) -> tuple[list, Counter]:
+    rejected: Counter[str] = Counter()
+    out = []
+    for raw in records:
+        rec = check(raw)  # type: ignore[operator]
+        if isinstance(rec, str):
+            rejected[rec] += 1
+        else:
+            out.append(rec)
+    return out, rejected
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(
+        [
+            (check_completion, good_completion, _one_field_off(good_completion, CompletionRecord, edges)),
+            (check_completion, good_completion, any_completion),
+            (check_step, good_step, _one_field_off(good_step, StepRecord, edges)),
+            (check_step, good_step, any_step),
+            (check_running, good_running, _one_field_off(good_running, RunningRequest, edges)),
+            (check_running, good_running, any_running),
+        ]
+    ),
+    st.data(),
+)
+def test_batch_validation_accepts_and_rejects_exactly_as_record_by_record(case, data) -> None:
+    check, good, anything = case
+    records = data.draw(st.lists(st.one_of(good, good, good, anything), max_size=12) | st.lists(anything, max_size=2))
+    rejected: Counter[str] = Counter()
+    assert valid(records, check, rejected) == _one_by_one(records, check)[0]
+    assert rejected == _one_by_one(records, check)[1]
+
+
+EDGE_VALUES = [-2, -1, 0, 1, 10**7, 10**7 + 1, 2**62, 2**62 + 1, 10**11, 10**11 + 1, True, 2.0, 0.0, -0.5, 600.0,
+               600.5, math.inf, math.nan, None, "stop", "x", FinishReason.ABORT, FinishReason.LENGTH]  # fmt: skip
+GOOD = [
+    (check_completion, CompletionRecord(10, 5, FinishReason.STOP, 1, 20, 2)),
+    (check_completion, CompletionRecord(10, 5, FinishReason.ERROR, 1, 20, 2)),
+    (check_step, StepRecord(100, 50, 50, 3, 0.02, 700)),
+    (check_step, StepRecord(0, 50, 50, 3, 0.02, 700)),
+    (check_running, RunningRequest(4, 10, 3, 20, 2)),
+]
+
+
+@pytest.mark.parametrize(("check", "good"), GOOD)
+def test_batch_validation_agrees_on_every_field_at_every_edge(check: object, good: object) -> None:
+    for name in type(good).__struct_fields__:
+        for value in EDGE_VALUES:
+            records = [good, msgspec.structs.replace(good, **{name: value})]
+            rejected: Counter[str] = Counter()
+            assert valid(records, check, rejected) == _one_by_one(records, check)[0], (name, value)
+            assert rejected == _one_by_one(records, check)[1], (name, value)
+
+
+# -- the estimator's window ----------------------------------------------------------------
+
+
+def _reference_sample(est: WorkloadEstimator) -> tuple:
+    """The window as the estimator computed it before the fleet-scale change (sorting every replica)."""
+    live = [w for w in est._replicas.values() if w.done or w.running]
+    share = max(1, math.ceil(est.window / max(len(live), 1)))
+    rows = []
+    for w in live:
+        seqs = sorted(w.done)
+        lo = seqs[-share] - 1 if len(seqs) >= share else -1
+        rows += [("done", seq, rec.output_len) for seq, rec in w.done.items() if seq > lo]
+        rows += [("run", r.seq, r.age) for r in w.running if r.seq > lo and r.seq not in w.done]
+    return tuple(rows)
+
+
+def _sample_rows(est: WorkloadEstimator) -> tuple:
+    s = est.sample()
+    return tuple(zip(s.durations.tolist(), s.running.tolist(), s.weights.tolist(), strict=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 6), st.sampled_from([10, 37, 500]))
+def test_the_window_is_the_one_sorting_found(seed: int, replicas: int, window: int) -> None:
+    """Completions out of admission order, several replicas, trimming: same requests, same order."""
+    rng = np.random.default_rng(seed)
+    fast = WorkloadEstimator(window=window, update_every=1, min_samples=1)
+    slow = WorkloadEstimator(window=window, update_every=1, min_samples=1)
+    for step in range(30):
+        rid = f"r{rng.integers(replicas)}"
+        first = int(rng.integers(0, 3000))
+        recs = [CompletionRecord(10, int(o), FinishReason.STOP, first + int(j)) for j, o in
+                enumerate(rng.integers(1, 300, rng.integers(1, 60)))]  # fmt: skip
+        fast.observe_many(recs, rid)
+        for rec in recs:
+            slow.observe(rec, rid)
+        running = [RunningRequest(seq=int(q), input_len=5, age=int(q) % 7) for q in rng.integers(0, 3200, 20)]
+        fast.observe_running(rid, running, 40)
+        slow.observe_running(rid, running, 40)
+        if step % 5 == 4:
+            got = fast.sample()
+            assert tuple(got.durations.tolist()) == tuple(r[2] for r in _reference_sample(slow))
+            assert _sample_rows(fast) == _sample_rows(slow)
+    assert fast.completions == slow.completions and list(fast._inputs) == list(slow._inputs)
+
+
+def test_a_restored_window_gives_the_same_estimate_whatever_older_records_a_state_holds() -> None:
+    """States written before the fleet-scale change kept ``window`` records per replica, not the
+    replica's share of the window: they load, and the extra records change nothing."""
+    rng = np.random.default_rng(3)
+    est = WorkloadEstimator(window=100, update_every=10, min_samples=10)
+    for r in range(4):
+        recs = [CompletionRecord(20, int(o), FinishReason.STOP, i) for i, o in enumerate(rng.geometric(0.02, 300))]
+        est.observe_many(recs, f"r{r}")
+    slim = est.state()
+    assert all(len(w.done) == 25 for w in slim.replicas.values())  # the window: 100 over 4 replicas
+    fat = est.state()
+    for rid, w in fat.replicas.items():
+        w.done = dict(est._replicas[rid].done)  # everything held, as the old state() kept
+    estimates = []
+    for state in (slim, fat):
+        again = WorkloadEstimator(window=100, update_every=10, min_samples=10)
+        again.restore(persistence.parse(json.loads(_state_json(state))).workload)
+        estimates.append(again.update())
+    assert estimates[0].mu_o == estimates[1].mu_o and estimates[0].p0 == estimates[1].p0
+
+
+def _state_json(workload: object) -> str:
+    fc = FleetController(ControllerConfig())
+    state = fc.state().model_copy(update={"workload": workload})
+    return state.model_dump_json()
+
+
+# -- the cost fitter -----------------------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 9), max_size=40), st.integers(1, 7))
+def test_ring_window_holds_what_a_bounded_deque_holds(sizes: list[int], size: int) -> None:
+    ring, ref, n = _Window(size, 2), deque(maxlen=size), 0
+    for k in sizes:
+        rows = [(n + i, 0.5 * (n + i)) for i in range(k)]
+        n += k
+        ring.extend(rows)
+        ref.extend(rows)
+        assert len(ring) == len(ref)
+        assert ring.rows().tolist() == [list(map(float, r)) for r in ref]
+
+
+def test_a_fit_in_pieces_is_the_fit_and_bulk_observation_is_per_step_observation() -> None:
+    rng = np.random.default_rng(5)
+    one, bulk = CostModelFitter(PRIOR, window=256), CostModelFitter(PRIOR, window=256)
+    records = []
+    for _ in range(700):
+        p, d = int(rng.integers(0, 4000)) * int(rng.random() < 0.4), int(rng.integers(0, 300))
+        if p + d == 0:
+            continue
+        records.append(StepRecord(p, d, d, 0, 1e-3 + 1e-5 * p + 2e-5 * d + float(rng.normal(0, 1e-4)) ** 2, 10 * d))
+    for rec in records:
+        one.observe_step(rec.prefill_tokens, rec.decode_tokens, rec.seconds, rec.kv_tokens)
+    bulk.observe_records(records)
+    reference = one.fit()
+    assert bulk.fit() == reference
+    steps = bulk.fit_pieces()
+    count = 0
+    while True:
+        try:
+            next(steps)
+            count += 1
+        except StopIteration as done:
+            assert done.value == reference
+            break
+    assert count > 3  # the passes of the three regressions are pieces of their own
+
+
+# -- re-plans ------------------------------------------------------------------------------
+
+
+def _fleet(replicas: int, **config: object) -> FleetController:
+    fc = FleetController(ControllerConfig(update_every=10**9, first_update=10**9, **config))
+    for r in range(replicas):
+        fc.register(registration(f"r{r}", kv_capacity_tokens=2_000_000, max_num_seqs=1024))
+    return fc
+
+
+def _push(fc: FleetController, rid: str, rng: np.random.Generator) -> None:
+    comps = [CompletionRecord(100, int(o), FinishReason.STOP) for o in rng.geometric(1 / 50, 40)]
+    steps = [StepRecord(int(p) * (i % 4 == 0), 300, 300, 10, 0.01 + 1e-6 * int(p) * (i % 4 == 0) + 1e-5 * (i % 3))
+             for i, p in enumerate(rng.integers(100, 2000, 40))]  # fmt: skip
+    fc.ingest(batch(rid, comps, steps))
+
+
+def test_refits_skip_replicas_with_no_new_step_and_are_capped_per_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    monkeypatch.setattr(replica_work, "MAX_REFITS", 3)
+    fc = _fleet(12, cost_refit_every=1)
+    for r in range(12):
+        _push(fc, f"r{r}", rng)
+    fc.recompute("first")  # every replica's first fit (not capped: it has none)
+    fitted: list[str] = []
+    for replica in fc.replicas.values():
+        fit = replica.fitter.fit_pieces
+
+        def counting(fit=fit, rid=replica.replica_id):  # type: ignore[no-untyped-def]
+            fitted.append(rid)
+            return (yield from fit())
+
+        monkeypatch.setattr(replica.fitter, "fit_pieces", counting)
+        monkeypatch.setattr(replica.fitter, "fit", lambda f=counting: pieces.run(f()))
+    fc.recompute("nothing new")
+    assert fitted == []  # the same steps would give the same fit
+    rounds = []
+    for _ in range(4):
+        for r in range(12):
+            _push(fc, f"r{r}", rng)  # every replica has new steps each time: all due, three refitted
+        fitted.clear()
+        fc.recompute("new steps")
+        rounds.append(list(fitted))
+    assert all(len(r) == 3 for r in rounds)  # capped
+    assert set().union(*map(set, rounds)) == set(fc.replicas)  # the longest-unrefitted first: all in turn
+
+
+def test_a_replan_in_pieces_with_pushes_in_between_publishes_only_after_it_is_planned() -> None:
+    rng = np.random.default_rng(2)
+    fc = _fleet(6)
+    for r in range(6):
+        _push(fc, f"r{r}", rng)
+    fc.recompute("first")
+    before = {rid: r.current for rid, r in fc.replicas.items()}
+    steps = fc.recompute_pieces("background")
+    stage, seen = None, 0
+    while stage is not Stage.PLANNED:
+        stage = next(steps)
+        seen += 1
+        _push(fc, f"r{seen % 6}", rng)  # pushes between pieces: absorbed, answered with the old thresholds
+        assert {rid: r.current for rid, r in fc.replicas.items() if rid in before} == before
+        if seen == 3:
+            fc.register(registration("late", kv_capacity_tokens=2_000_000, max_num_seqs=1024))
+    assert fc.version == 2  # the new version exists (to be persisted here) but nobody has it yet
+    assert all(r.current.version == 1 for rid, r in fc.replicas.items() if rid in before)
+    assert pieces.run(steps) == 2
+    assert all(fc.replicas[rid].current.version == 2 for rid in before)
+    assert fc.replicas["late"].current.version in (1, 2)  # registered meanwhile: the plan it got
+    assert fc.version == 2 and fc.updates == 2
+
+
+# -- snapshots -----------------------------------------------------------------------------
+
+
+def test_a_snapshot_built_in_pieces_is_the_state() -> None:
+    rng = np.random.default_rng(4)
+    fc = _fleet(5)
+    for _ in range(3):
+        for r in range(5):
+            _push(fc, f"r{r}", rng)
+        fc.recompute("periodic")
+    fc.set_override("r1", k=3, ttl_s=60)
+    fc.forget("r4")  # kept aside: a snapshot must hold it too
+    writer = persistence.SnapshotWriter()
+    for _ in range(2):  # the second time from the cached decisions
+        built = pieces.run(writer.pieces(fc))
+        assert persistence.parse(json.loads(built)) == persistence.parse(json.loads(fc.state().model_dump_json()))
+
+
+# -- the evidence ledger -------------------------------------------------------------------
+
+
+class _RowByRowLedger:
+    """The per-mode step ledger as it was written before the fleet-scale change: one row per step."""
+
+    def __init__(self, capacity: int) -> None:
+        self.rows = np.zeros((capacity, 6))
+        self.size = self.head = self.total = self.phases = 0
+        self.in_prefill = False
+
+    def add(self, records: list[StepRecord]) -> int:
+        added, cap = 0, self.rows.shape[0]
+        for rec in records:
+            if rec.prefill_tokens + rec.decode_tokens <= 0:
+                continue
+            prefill_only = rec.decode_tokens == 0
+            starts = prefill_only and not self.in_prefill
+            self.phases += starts
+            self.in_prefill = prefill_only
+            self.rows[self.head] = (rec.prefill_tokens, rec.decode_tokens, rec.kv_tokens, rec.seconds, rec.running,
+                                    starts)  # fmt: skip
+            self.head = (self.head + 1) % cap
+            self.size = min(self.size + 1, cap)
+            added += 1
+        self.total += added
+        return added
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 7, 64])
+def test_the_evidence_ledger_written_a_batch_at_a_time_holds_what_row_by_row_writing_held(capacity: int) -> None:
+    rng = np.random.default_rng(capacity)
+    fast, slow = _Ledger(capacity), _RowByRowLedger(capacity)
+    for _ in range(200):
+        recs = [StepRecord(int(rng.integers(0, 3)) * 100, int(rng.integers(0, 3)) * 10, 5, 0, float(rng.random()),
+                           int(rng.integers(0, 50))) for _ in range(int(rng.integers(0, 3 * capacity + 2)))]  # fmt: skip
+        assert fast.add(recs) == slow.add(recs)
+        assert (fast.rows == slow.rows).all()
+        assert (fast.head, fast.size, fast.total, fast.phases, fast.in_prefill) == (
+            slow.head, slow.size, slow.total, slow.phases, slow.in_prefill)  # fmt: skip
