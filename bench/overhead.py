@@ -1,7 +1,7 @@
 """What the serving plane costs: ``ebplus serve`` against plain vLLM and Ray Serve LLM, same engine, same requests.
 
     python -m ebplus.bench.overhead [--servers vllm,ray-llm,ebplus-mb,ebplus-auto,vllm-plugin] [--rounds 5]
-                                    [--num-prompts 32] [--max-concurrency 16] [--profile]
+                                    [--num-prompts 16] [--max-concurrency 16] [--profile]
     ebplus bench-overhead ...   (the same)
 
 Servers (bench/overhead_servers.py): (a) ``vllm``, vLLM's own OpenAI
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=Path("deploy/local.yaml"), help="deployment config (engine, model)")
     parser.add_argument("--servers", default=DEFAULT_SERVERS, help=f"comma-separated, in order (default {DEFAULT_SERVERS})")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds, every server once per round (default 5)")
-    parser.add_argument("--num-prompts", type=_positive_int, default=32, help="requests per run (default 32)")
+    parser.add_argument("--num-prompts", type=_positive_int, default=16, help="requests per run (default 16)")
     parser.add_argument("--max-concurrency", type=_positive_int, default=16, help="requests in flight (default 16)")
     parser.add_argument("--input-len", type=_positive_int, default=256, help="prompt tokens (default 256)")
     parser.add_argument("--output-len", type=_positive_int, default=128, help="output tokens, ignore_eos (default 128)")

@@ -145,4 +145,4 @@ def test_the_ebplus_cli_reaches_the_benchmark(capsys) -> None:
     parser = argparse.ArgumentParser()
     overhead.add_arguments(parser)
     args = parser.parse_args([])
-    assert (args.rounds, args.num_prompts, args.input_len, args.output_len) == (5, 32, 256, 128)
+    assert (args.rounds, args.num_prompts, args.input_len, args.output_len) == (5, 16, 256, 128)
