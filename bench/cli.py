@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 from ebplus.bench.outputs import RAW_DIR, SUMMARY_DIR
 
@@ -136,6 +137,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.set_defaults(run=run_bench_sim)
 
+    from ebplus.bench import overhead
+
+    o = sub.add_parser(
+        "bench-overhead",
+        help="measure what the serving plane costs: ebplus serve vs plain vLLM and Ray Serve LLM",
+        description=overhead.__doc__.split("\n\n")[0] + " " + overhead.__doc__.split("\n\n")[2],
+    )
+    overhead.add_arguments(o)
+    o.set_defaults(run=run_bench_overhead)
+
 
 def run_simulate(args: argparse.Namespace) -> int:
     from ebplus.bench.sim import Policy, SimConfig, simulate
@@ -187,3 +198,9 @@ def run_bench_sim(args: argparse.Namespace) -> int:
     from ebplus.bench.bench_sim import main as bench_main
 
     return bench_main(args)
+
+
+def run_bench_overhead(args: argparse.Namespace) -> int:
+    from ebplus.bench.overhead import run
+
+    return run(args, "ebplus bench-overhead " + " ".join(sys.argv[2:]))

@@ -104,25 +104,38 @@ def _dataset(args: argparse.Namespace, result_dir: Path) -> list[str]:
     return random_dataset(args.input_len, args.output_len, args.range_ratio)
 
 
-def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
-    """One deployment in ``mode``, warmed up, benchmarked, stopped."""
-    cfg = yaml.safe_load(Path(args.config).read_text())
+def deployment_config(
+    base: str | Path, mode: str, workdir: Path, port: int = PORT, ray_metrics_port: int = RAY_METRICS_PORT
+) -> Path:
+    """A copy of the config ``base`` in ``workdir`` with ``scheduler.mode`` set and the ports replaced."""
+    cfg = yaml.safe_load(Path(base).read_text())
     cfg.setdefault("scheduler", {})["mode"] = mode
-    cfg.setdefault("http", {}).update(host="127.0.0.1", port=PORT)
-    cfg.setdefault("ray", {})["metrics_export_port"] = RAY_METRICS_PORT
+    cfg.setdefault("http", {}).update(host="127.0.0.1", port=port)
+    cfg.setdefault("ray", {})["metrics_export_port"] = ray_metrics_port
     config_path = workdir / f"{mode}.yaml"
     config_path.write_text(yaml.safe_dump(cfg))
+    return config_path
+
+
+def warm_up(base_url: str, model_id: str, requests: int = 8) -> None:
+    """A few short completions: the first steps of a fresh engine are slow."""
+    for i in range(requests):
+        httpx.post(
+            f"{base_url}/v1/completions",
+            json={"model": model_id, "prompt": f"warm up {i}", "max_tokens": 8},
+            timeout=300,
+        ).raise_for_status()
+
+
+def run_mode(args: argparse.Namespace, mode: str, workdir: Path) -> dict:
+    """One deployment in ``mode``, warmed up, benchmarked, stopped."""
+    config_path = deployment_config(args.config, mode, workdir)
     log_path = workdir / f"serve-{mode}.log"
     print(f"[e2e] {mode}: starting the deployment (log {log_path})", flush=True)
     dep = start_deployment(config_path, log_path, admin_token=secrets.token_hex(16))
     served, base = dep.config, dep.base_url
     try:
-        for i in range(8):  # warm-up: first steps of a fresh engine are slow
-            httpx.post(
-                f"{base}/v1/completions",
-                json={"model": served.model.id, "prompt": f"warm up {i}", "max_tokens": 8},
-                timeout=300,
-            )
+        warm_up(base, served.model.id)
         print(
             f"[e2e] {mode}: benchmarking {args.num_prompts} requests at concurrency {args.max_concurrency}", flush=True
         )
@@ -176,8 +189,10 @@ def table(rows: list[dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ebplus.bench.e2e_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default="deploy/local.yaml", help="base deployment config")
     parser.add_argument("--modes", default="mb,auto", help="comma-separated scheduler modes (mb,eb,v0,auto)")
     parser.add_argument("--num-prompts", type=int, default=256)
@@ -187,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=256, help="chat: max_tokens; random: exact output tokens")
     parser.add_argument("--range-ratio", type=float, default=0.5, help="random: uniform jitter of both lengths (+-)")
     parser.add_argument("--out", type=Path, default=SUMMARY_DIR / "e2e-cpu-smollm2.md")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     command = "python -m ebplus.bench.e2e_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ebplus-e2e-") as tmp:

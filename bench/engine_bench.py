@@ -397,7 +397,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ebplus.bench.engine_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, default=Path("deploy/local.yaml"))
     ap.add_argument("--profile", default="cpu-smollm2", help="profile for k* (name or file)")
@@ -406,12 +406,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--k", default=None, help="fixed EB thresholds, comma-separated (default: 10%% of N)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--policies", default="stock,mb,eb-fixed,eb-theory,auto")
+    ap.add_argument(
+        "--policies",
+        default="stock,mb,eb-fixed,eb-theory,auto",
+        help="comma-separated; the stock engine starts only when 'stock' is listed (a GPU holds one engine)",
+    )
     ap.add_argument("--update-every", type=int, default=40, help="controller: completions between decisions")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--out", type=Path, default=None, help="write the table (markdown) here, the runs (JSON) to bench/results/"
     )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
 
     from ebplus.bench.local_engine import scheduler_of, start_llm
@@ -422,26 +431,38 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _load_config(args.config, None)
     source = model_path(cfg, build=True)
     profile = resolve_profile(args.profile)
-    stock = start_llm(cfg, source, scheduler=False)
+    names = [name.strip() for name in args.policies.split(",")]
+    stock = start_llm(cfg, source, scheduler=False) if "stock" in names else None
     ours = start_llm(cfg, source, scheduler=True, mode=Mode.MB)
     sched = scheduler_of(ours)
     n = int(sched.max_num_seqs)
     cold = cfg.scheduler.initial(n, cfg.controller.planner.theta_cold)
     k_fixed = [int(k) for k in args.k.split(",")] if args.k else [cold.k]
     control = LocalEngineControl(sched)
-    timers = {"stock": StepTimer(scheduler_of(stock)), "ours": StepTimer(sched)}
-    prompts = render(stock, chat_requests(args.requests, args.seed))
+    timers = {"ours": StepTimer(sched)}
+    engines = [(ours, timers["ours"])]
+    if stock is not None:
+        timers["stock"] = StepTimer(scheduler_of(stock))
+        engines.append((stock, timers["stock"]))
+    prompts = render(ours, chat_requests(args.requests, args.seed))
     prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
-    for llm, timer in ((stock, timers["stock"]), (ours, timers["ours"])):  # warm-up
+    for llm, timer in engines:  # warm-up
         closed_loop(llm, prompts[:8], 8, 8, timer)
+    if names == ["eb-theory"]:
+        raise SystemExit("--policies: eb-theory needs another policy to run first (it reads the output lengths)")
     policies: list[str] = []
-    for name in args.policies.split(","):
+    for name in names:
         policies += [f"eb-k{k}" for k in k_fixed] if name == "eb-fixed" else [name]
     meta: dict[str, Any] = {
         "n": n,
+        "budget": int(sched.max_num_scheduled_tokens),
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "update_every": args.update_every,
         "k_fixed": k_fixed,
         "engine": cfg.engine.engine_kwargs(),
         "prompt_tokens": prompt_tokens,
+        "input_lens": [len(p["prompt_token_ids"]) for p in prompts],
     }
     runs: list[RunResult] = []
     k_theory: int | None = None
@@ -451,11 +472,14 @@ def main(argv: list[str] | None = None) -> int:
         if rep == 0 and "stock" in order:  # stock first: eb-theory needs its output lengths
             order.remove("stock")
             order.insert(0, "stock")
+        elif rep == 0 and order[0] == "eb-theory":  # eb-theory needs a run before it
+            order.append(order.pop(0))
         for policy in order:
             tick: ControlLoop | None = None
             label = policy
             before: dict = {}
             if policy == "stock":
+                assert stock is not None
                 llm, timer = stock, timers["stock"]
             else:
                 llm, timer = ours, timers["ours"]
@@ -463,10 +487,8 @@ def main(argv: list[str] | None = None) -> int:
                 if policy.startswith("eb-k"):
                     update = ThresholdUpdate(mode=Mode.EB, k=int(policy.removeprefix("eb-k")), n=n)
                 elif policy == "eb-theory":
-                    if k_theory is None:
-                        stock_run = next(r for r in runs if r.policy == "stock")
-                        lens = list(stock_run.trace.n_out.values())
-                        k_theory, meta["theory"] = theory_k(profile, lens, args.max_tokens, n)
+                    if k_theory is None:  # from the output lengths of the first run (stock's when it runs)
+                        k_theory, meta["theory"] = theory_k(profile, meta["output_lens"], args.max_tokens, n)
                     update = ThresholdUpdate(mode=Mode.EB, k=k_theory, n=n)
                     label = f"eb-theory-k{k_theory}"
                 control.apply(update)
@@ -489,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                 if tick is not None:
                     run.thresholds = tick.history
             runs.append(run)
+            if "output_lens" not in meta:  # the request set as served (greedy: every policy decodes the same tokens)
+                meta["output_lens"] = [trace.n_out[f"bench-{i}"] for i in range(len(prompts))]
             m = run.measured
             print(
                 f"[bench] rep {rep} {run.policy}: {m.total_tps:.1f} total tok/s, {m.output_tps:.1f} output tok/s, "

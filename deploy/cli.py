@@ -166,6 +166,10 @@ def run_serve(args: argparse.Namespace) -> int:
     conflict = vllm_build_conflict()
     if conflict:
         raise CommandError(conflict)
+    if not cfg.ray.address:  # the Ray cluster started here gets Ray Serve's throughput settings
+        from ebplus.deploy import serve_env
+
+        serve_env.apply()  # before Ray is imported: Ray Serve reads them at import
 
     from ebplus.deploy.app import APP_NAME, build, model_path
     from ebplus.deploy.progress import DeployError, wait_until_running

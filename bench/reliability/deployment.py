@@ -91,10 +91,14 @@ def start_deployment(
     admin_token: str,
     api_key: str | None = None,
     timeout_s: float = START_TIMEOUT_S,
+    extra_env: dict[str, str] | None = None,
 ) -> Deployment:
-    """Start ``ebplus serve --config`` in its own session and wait until it serves and the controller answers."""
+    """Start ``ebplus serve --config`` in its own session and wait until it serves and the controller answers.
+
+    ``extra_env`` is added to the environment of the whole process tree (Ray's processes inherit it).
+    """
     config = load_config(config_path)
-    env = {**os.environ, "EBPLUS_ADMIN_TOKEN": admin_token, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(extra_env or {}), "EBPLUS_ADMIN_TOKEN": admin_token, "PYTHONUNBUFFERED": "1"}
     env.pop("EBPLUS_API_KEY", None)
     if api_key:
         env["EBPLUS_API_KEY"] = api_key
@@ -157,14 +161,21 @@ def _try(check: Callable[[], bool]) -> bool:
 
 def stop_deployment(dep: Deployment, timeout_s: float = 120) -> None:
     """SIGTERM (a clean shutdown), then SIGKILL of the whole session if it does not exit in time."""
-    proc = dep.process
-    if proc is not None and proc.poll() is None:
+    if dep.process is not None:
+        stop_session(dep.process, timeout_s)
+
+
+def stop_session(proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Stop a process started in its own session: SIGTERM, then SIGKILL of its process group after
+    ``timeout_s``; members of the group still alive after a clean exit are killed too, so the next
+    server starts on a quiet machine."""
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def tree_rss_bytes(pid: int) -> int:

@@ -334,7 +334,7 @@ def test_every_page_is_in_the_navigation() -> None:
     assert set(nav) == on_disk, f"not in the nav: {sorted(on_disk - set(nav))}; missing files: {sorted(set(nav) - on_disk)}"
 
 
-BENCHMARK_PAGES = ("simulator", "calibration", "engine", "e2e", "controller", "reliability")
+BENCHMARK_PAGES = ("simulator", "calibration", "engine", "e2e", "overhead", "controller", "reliability")
 
 
 @pytest.mark.parametrize("name", BENCHMARK_PAGES)
