@@ -75,20 +75,35 @@ class StateStore:
             return None
 
     def save(self, state: persistence.ControllerState) -> None:
+        if not self.memory_only:
+            self._write(self.path, self.key, state.model_dump_json())
+
+    def set_aside(self, raw: dict) -> str | None:
+        """Keep a state this controller cannot resume from beside the live one; returns where.
+
+        A state of a newer schema (a rollback after an upgrade) would otherwise be
+        overwritten by the first snapshot of the controller that refused it.
+        """
         if self.memory_only:
-            return
-        data = state.model_dump_json()
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return None
+        path = None if self.path is None else self.path.with_name("controller-state.rejected.json")
+        key = self.key + b".rejected"
+        self._write(path, key, json.dumps(raw))
+        return str(path) if path is not None else f"Ray internal KV key {key.decode()}"
+
+    @staticmethod
+    def _write(path: Path | None, key: bytes, data: str) -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
             # write-then-rename: a crash mid-write never leaves a torn file
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".controller-state.")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".controller-state.")
             with os.fdopen(fd, "w") as fh:
                 fh.write(data)
-            os.replace(tmp, self.path)
+            os.replace(tmp, path)
             return
         from ray.experimental.internal_kv import _internal_kv_put
 
-        _internal_kv_put(self.key, data.encode(), overwrite=True)
+        _internal_kv_put(key, data.encode(), overwrite=True)
 
     def clear(self) -> None:
         if self.memory_only:
@@ -129,9 +144,20 @@ class ControllerActor:
             try:
                 self.fleet.restore(persistence.parse(saved))
                 self.restored = True
-                logger.info("controller resumed at version %d", self.fleet.version)
+                found = saved.get("schema_version", 0)
+                if found == persistence.SCHEMA_VERSION:
+                    logger.info("controller resumed at version %d", self.fleet.version)
+                else:  # an upgrade: worth a line in any log level
+                    logger.warning(
+                        "controller resumed at version %d from a schema-%s state (migrated to schema %d)",
+                        self.fleet.version, found, persistence.SCHEMA_VERSION,
+                    )  # fmt: skip
             except persistence.StateError as exc:
-                logger.warning("controller state not restorable, starting cold: %s", exc)
+                try:  # never a crash loop: the constructor must not raise on a bad state
+                    where = self.store.set_aside(saved)
+                except Exception as aside:
+                    where = f"nowhere ({aside})"
+                logger.error("controller state not restorable, starting cold: %s; the state is kept in %s", exc, where)
                 self.fleet = FleetController(self.config)
         self._dirty = False
         self._persisted_version = self.fleet.version
