@@ -31,7 +31,7 @@ from typing import Any
 
 from ebplus.controller import persistence
 from ebplus.controller.client import ControllerUnavailable
-from ebplus.controller.config import ControllerConfig
+from ebplus.controller.config import HEAD_NODE_RESOURCE, ControllerConfig
 from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import Registration, WireError, decode, encode
 from ebplus.controller.overrides import OverrideError
@@ -288,16 +288,20 @@ class ControllerActor:
         ).model_dump_json()
 
 
-def controller_options(max_restarts: int = -1) -> dict[str, Any]:
-    """Ray actor options of the controller: named, detached, restartable, tiny."""
+def controller_options(config: ControllerConfig) -> dict[str, Any]:
+    """Ray actor options of the controller: named, detached, restartable, tiny, placed as configured."""
+    resources = dict(config.resources)
+    if config.placement == "head":
+        resources.setdefault(HEAD_NODE_RESOURCE, 0.001)
     return {
         "name": ACTOR_NAME,
         "namespace": NAMESPACE,
         "lifetime": "detached",
         "get_if_exists": True,
-        "max_restarts": max_restarts,
+        "max_restarts": config.max_restarts,
         "max_task_retries": 0,  # a replica's next push is the retry; never double-ingest
         "num_cpus": 0,
+        "resources": resources,
         "max_concurrency": 64,
     }
 
@@ -307,7 +311,7 @@ def start_controller(config: ControllerConfig):
     import ray
 
     cls = ray.remote(ControllerActor)
-    return cls.options(**controller_options(config.max_restarts)).remote(config)
+    return cls.options(**controller_options(config)).remote(config)
 
 
 def get_controller():

@@ -80,12 +80,7 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
     kwargs: dict[str, Any] = {
         "model_loading_config": {"model_id": cfg.model.id, "model_source": model_source},
         "engine_kwargs": engine_kwargs(cfg),
-        "deployment_config": {
-            "num_replicas": rep.num_replicas,
-            "max_ongoing_requests": rep.max_ongoing_requests,
-            "max_queued_requests": rep.max_queued_requests,
-            "ray_actor_options": {"num_cpus": rep.num_cpus},
-        },
+        "deployment_config": rep.deployment_options(),
         "runtime_env": {"env_vars": engine_env(cfg)},
         "log_engine_metrics": True,
     }
@@ -127,6 +122,7 @@ def build(cfg: ServeConfig, model_source: str | None = None):
         num_replicas=cfg.http.ingress_replicas,
         ray_actor_options={
             "num_cpus": cfg.http.ingress_num_cpus,
+            "resources": dict(cfg.http.ingress_resources),
             "runtime_env": {"env_vars": request_limits(cfg)},
         },
     )
