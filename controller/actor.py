@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ebplus.controller import persistence
+from ebplus.controller import lifecycle, persistence
 from ebplus.controller.client import ControllerUnavailable
 from ebplus.controller.config import HEAD_NODE_RESOURCE, ControllerConfig
 from ebplus.controller.fleet import FleetController
@@ -139,6 +139,7 @@ class ControllerActor:
         self.store = StateStore(self.config.state_dir)
         self.started_at = time.time()
         self.restored = False
+        self._identity = lifecycle.identity(self.config)
         saved = self.store.load()
         if saved is not None:
             try:
@@ -281,6 +282,15 @@ class ControllerActor:
         version = self.fleet.recompute("operator")
         self.persist(force=True)
         return RecomputeResult(version=version, estimate=self.fleet.workload.estimate).model_dump_json()
+
+    async def identity(self) -> str:
+        """The code and configuration this controller runs (:func:`ebplus.controller.lifecycle.identity`)."""
+        return self._identity
+
+    async def checkpoint(self) -> int:
+        """Persist the state now (an upgrade stops this controller next); returns the version persisted."""
+        self.persist(force=True)
+        return self.fleet.version
 
     async def ping(self) -> str:
         return Ping(

@@ -92,10 +92,10 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
 
 
 def start_controller_for(cfg: ServeConfig):
-    """Create (or find) the controller actor this deployment reports to."""
-    from ebplus.controller.actor import start_controller
+    """Create, find or upgrade (code or ``controller:`` config changed) the controller actor this deployment reports to."""
+    from ebplus.controller.lifecycle import ensure_controller
 
-    return start_controller(cfg.controller)
+    return ensure_controller(cfg.controller)
 
 
 def build(cfg: ServeConfig, model_source: str | None = None):
@@ -133,6 +133,7 @@ def build(cfg: ServeConfig, model_source: str | None = None):
         model_cards={cfg.model.id: to_model_metadata(cfg.model.id, llm)},
         auth=auth,
         model_id=cfg.model.id,
+        stall_timeout_s=cfg.replicas.stall_timeout_s,
     )
 
 

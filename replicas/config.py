@@ -178,6 +178,16 @@ class ReplicaSection(_Section):
     max_queued_requests: int = Field(
         1024, ge=0, description="Requests queued before the API answers 503 with Retry-After (back-pressure)."
     )
+    stall_timeout_s: float = Field(
+        15.0,
+        ge=1,
+        description=(
+            "The ingress ends a request whose replica sent nothing, not even a heartbeat, for this long: a 503 "
+            "with Retry-After before the first token, an error event after it. A replica sends a heartbeat "
+            "every heartbeat_s (a fifth of this) while it has nothing else to send, so silence means it is lost "
+            "(its node died or was cut off), however long Ray takes to declare it dead."
+        ),
+    )
     telemetry_interval_s: float = Field(0.5, gt=0, le=60, description="How often a replica pushes telemetry.")
     telemetry_buffer: int = Field(
         16384, ge=64, description="Records buffered per kind; beyond it records are dropped and counted."
@@ -188,6 +198,11 @@ class ReplicaSection(_Section):
         if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
             raise ValueError("num_replicas must be left unset with autoscaling (use autoscaling.initial_replicas)")
         return self
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often a replica sends a heartbeat on a quiet answer stream (see ``stall_timeout_s``)."""
+        return self.stall_timeout_s / 5
 
     def deployment_options(self) -> dict[str, Any]:
         """The Serve deployment options of the replicas (Ray Serve LLM's ``deployment_config``)."""

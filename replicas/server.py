@@ -26,6 +26,7 @@ from ebplus.controller.messages import Mode
 from ebplus.controller.views import ThresholdsView
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.control import EngineControl
+from ebplus.replicas.heartbeat import with_heartbeats
 from ebplus.replicas.profiles import prior_for_device
 from ebplus.replicas.pump import TelemetryPump, arun
 
@@ -79,6 +80,15 @@ class EBPlusServer(LLMServer):
 
     # -- callable through the deployment handle ------------------------------
 
+    async def chat_with_heartbeats(self, request: Any, raw_request_info: Any = None) -> Any:
+        """``chat`` with :data:`~ebplus.replicas.heartbeat.HEARTBEAT` items while it has nothing to send
+        (the EB+ ingress asks for them, to notice a lost replica within its stall deadline)."""
+        return with_heartbeats(await self.chat(request, raw_request_info), self._section.heartbeat_s)
+
+    async def completions_with_heartbeats(self, request: Any, raw_request_info: Any = None) -> Any:
+        """``completions`` with heartbeats, as :meth:`chat_with_heartbeats`."""
+        return with_heartbeats(await self.completions(request, raw_request_info), self._section.heartbeat_s)
+
     async def ebplus_status(self) -> dict[str, Any]:
         """What this replica runs and how its telemetry channel is doing (JSON-able)."""
         assert self._control is not None
@@ -88,6 +98,7 @@ class EBPlusServer(LLMServer):
         return {
             "replica_id": pump.replica_id,
             "applied": ThresholdsView.of(applied).model_dump(mode="json"),
+            "first_update": None if pump.first_update is None else ThresholdsView.of(pump.first_update).model_dump(mode="json"),
             "registered": pump.registered,
             "running": 0 if report is None else report.running_total,
             "waiting": 0 if report is None else report.waiting_total,
