@@ -244,6 +244,15 @@ class ControllerActor:
         self._persist_new_version()
         return None if update is None else encode(update)
 
+    async def leave(self, replica_id: str) -> bool:
+        """A replica shutting down on purpose (scale-down, rolling update) is forgotten at once, not after
+        ``stale_replica_s`` of silence; its state is set aside like any forgotten replica's."""
+        if not isinstance(replica_id, str) or not self.fleet.forget(replica_id):
+            return False
+        logger.info("replica %s left", replica_id)
+        self._dirty = True
+        return True
+
     # -- operator-facing (JSON) ------------------------------------------------
 
     async def snapshot(self) -> str:

@@ -15,6 +15,7 @@ is down the scheduler keeps its last thresholds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -77,6 +78,27 @@ class EBPlusServer(LLMServer):
             if self._pump.push_failures > failures:
                 logger.warning("controller unreachable from %s: %s", self._pump.replica_id, self._pump.last_error)
             await asyncio.sleep(interval)
+
+    async def __del__(self) -> None:
+        """Serve's graceful shutdown (a scale-down, a rolling update), after the replica drained.
+
+        The last telemetry is pushed and the controller is told this replica is
+        leaving, so it forgets it now rather than after ``stale_replica_s`` of
+        silence. A controller that does not answer changes nothing: it forgets the
+        replica when it falls silent, as it does one that crashed.
+        """
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._control is not None:
+            try:
+                await arun(self._pump.cycle(), self._control, self._controller, PUSH_TIMEOUT_S)
+                await self._controller.leave(self._pump.replica_id, PUSH_TIMEOUT_S)
+            except Exception as exc:  # never let the goodbye block the shutdown
+                logger.warning("replica %s could not say goodbye to the controller: %s", self._pump.replica_id, exc)
+        await super().__del__()
 
     # -- callable through the deployment handle ------------------------------
 

@@ -78,10 +78,3 @@ def test_the_multinode_test_config_keeps_replicas_off_the_head() -> None:
     cfg = load_config(ROOT / "tests" / "e2e" / "multinode.yaml")
     assert cfg.replicas.resources and cfg.http.ingress_resources and cfg.controller.placement == "any"
 
-
-def test_a_controller_is_upgraded_only_when_its_code_or_config_changed() -> None:
-    from ebplus.controller.lifecycle import identity
-
-    assert identity(ControllerConfig()) == identity(ControllerConfig())
-    assert identity(ControllerConfig()) != identity(ControllerConfig(update_every=50))
-    assert identity(ControllerConfig()) != identity(ControllerConfig(placement="any"))
