@@ -182,10 +182,11 @@ class ReplicaSection(_Section):
         15.0,
         ge=1,
         description=(
-            "The ingress ends a request whose replica sent nothing, not even a heartbeat, for this long: a 503 "
-            "with Retry-After before the first token, an error event after it. A replica sends a heartbeat "
-            "every heartbeat_s (a fifth of this) while it has nothing else to send, so silence means it is lost "
-            "(its node died or was cut off), however long Ray takes to declare it dead."
+            "The ingress ends a request whose replica, having taken it, sent nothing, not even a heartbeat, for "
+            "this long: a 503 with Retry-After before the first token, an error event after it. A replica sends "
+            "a heartbeat when it takes a request and every heartbeat_s (a fifth of this) while it has nothing "
+            "else to send, so silence means it is lost (its node died or was cut off), however long Ray takes to "
+            "declare it dead. A request still queued for a free replica is not affected."
         ),
     )
     telemetry_interval_s: float = Field(0.5, gt=0, le=60, description="How often a replica pushes telemetry.")

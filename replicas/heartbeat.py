@@ -7,8 +7,9 @@ reaches the caller; an answer that is slow to start (a request queued behind a
 prefill phase) looks the same from the ingress. So the replica interleaves
 :data:`HEARTBEAT` items when it has had nothing to send for a while
 (:func:`with_heartbeats`), and the ingress drops them and gives up on a stream
-that has been silent longer than a stall deadline (:func:`without_heartbeats`):
-silence then means the replica is gone, not busy.
+that has been silent longer than a stall deadline once the replica took the
+request (:func:`without_heartbeats`): silence then means the replica is gone, not
+busy.
 
 Only callers that ask for heartbeats get them (the replica's ``*_with_heartbeats``
 methods), so an ingress that does not know them never sees one. Pure asyncio.
@@ -68,17 +69,22 @@ async def with_heartbeats(stream: AsyncIterator[T], every_s: float) -> AsyncIter
 async def without_heartbeats(stream: AsyncIterator[T | str], stall_s: float) -> AsyncIterator[T]:
     """``stream``'s items without heartbeats; :class:`ReplicaStalled` after ``stall_s`` of silence.
 
-    On a stall the pending read is cancelled (Serve then cancels the request, if
-    the replica is still there to hear it) and ``stream`` is closed.
+    The deadline starts with the replica's first heartbeat (it took the request):
+    before that the request may wait in Serve's queue for a free replica, which is
+    back-pressure, bounded by ``max_queued_requests``, not a lost replica. On a stall
+    the pending read is cancelled (Serve then cancels the request, if the replica is
+    still there to hear it) and ``stream`` is closed.
     """
+    deadline: float | None = None  # none until the replica took the request
     try:
         while True:
             try:
-                item = await asyncio.wait_for(anext(stream), stall_s)
+                item = await asyncio.wait_for(anext(stream), deadline)
             except StopAsyncIteration:
                 return
             except TimeoutError:
                 raise ReplicaStalled(f"no answer and no heartbeat from the replica for {stall_s:g} s") from None
+            deadline = stall_s
             if isinstance(item, str) and item == HEARTBEAT:
                 continue
             yield item

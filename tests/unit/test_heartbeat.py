@@ -52,18 +52,36 @@ def test_a_slow_but_alive_replica_is_not_stalled() -> None:
     assert asyncio.run(run()) == ["a", "b", "c"]
 
 
+async def accepted_then(items: list[str], gap_s: float, closed: list[str]) -> AsyncIterator[str]:
+    """A replica that took the request (one heartbeat), then answers ``items`` ``gap_s`` apart without heartbeats."""
+    yield HEARTBEAT
+    async for item in slow(items, gap_s, closed):
+        yield item
+
+
 def test_a_silent_replica_is_given_up_on_within_the_deadline() -> None:
     closed: list[str] = []
 
     async def run() -> float:
         started = time.monotonic()
         with pytest.raises(ReplicaStalled, match="0.2 s"):
-            # no heartbeats: what the ingress sees of a replica on a lost node
-            await collect(without_heartbeats(slow(["a"], 60.0, closed), stall_s=0.2))
+            # what the ingress sees of a replica whose node was lost after it took the request
+            await collect(without_heartbeats(accepted_then(["a"], 60.0, closed), stall_s=0.2))
         return time.monotonic() - started
 
     assert asyncio.run(run()) < 1.0
     assert closed == ["cancelled"]  # the pending read was cancelled: Serve cancels the request
+
+
+def test_a_request_waiting_for_a_replica_has_no_stall_deadline() -> None:
+    """Before the first heartbeat the request may be queued for a free replica: back-pressure, not a loss."""
+
+    async def queued() -> AsyncIterator[str]:
+        await asyncio.sleep(0.5)  # longer than the stall deadline, in Serve's queue
+        yield HEARTBEAT
+        yield "a"
+
+    assert asyncio.run(collect(without_heartbeats(queued(), stall_s=0.2))) == ["a"]
 
 
 def test_closing_the_heartbeat_stream_aborts_the_engine_stream() -> None:
