@@ -114,6 +114,7 @@ async def run_load(
     seed: int = 0,
     stop: threading.Event | None = None,
     on_start: Callable[[], Any] | None = None,
+    into: LoadResult | None = None,
 ) -> LoadResult:
     """Send OpenAI requests (the official async client), closed- or open-loop.
 
@@ -132,7 +133,7 @@ async def run_load(
 
     if requests is None and duration_s is None:
         raise ValueError("give requests or duration_s")
-    result = LoadResult()
+    result = LoadResult() if into is None else into  # ``into``: readable while the load runs
 
     by_index: dict[str, Outcome] = {}
 
@@ -251,6 +252,8 @@ class BackgroundLoad:
         self.stop = threading.Event()
         kwargs.setdefault("stop", self.stop)
         self.result: LoadResult | None = None
+        self.live = LoadResult()  # the outcomes so far (appended to from the load's thread)
+        kwargs.setdefault("into", self.live)
         self.error: BaseException | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(dep, kwargs), daemon=True)

@@ -85,7 +85,7 @@ def scenario_node_loss(
     load_s: float = 90.0,
     kill_after_s: float = 10.0,
     replace_after_s: float = 5.0,
-    max_tokens: int = 32,
+    max_tokens: int = 128,
     seed: int = 0,
 ) -> dict:
     """Kill a worker node under open-loop Poisson load; the replacement node joins ``replace_after_s`` later.
@@ -103,9 +103,22 @@ def scenario_node_loss(
     times: dict[str, float | None] = {"node_declared_dead_s": None, "controller_back_s": None}
     restored = None
     with BackgroundLoad(
-        dep, rate_per_s=rate_per_s, duration_s=load_s, concurrency=32, max_tokens=max_tokens, max_retries=2, seed=seed
+        dep,
+        rate_per_s=rate_per_s,
+        duration_s=load_s,
+        concurrency=32,
+        max_tokens=max_tokens,
+        ignore_eos=True,  # requests long enough to be in flight at the kill
+        max_retries=2,
+        seed=seed,
     ) as load:
         time.sleep(kill_after_s)
+        wait_until(
+            "requests in flight to kill the node under",
+            lambda: len(load.live.in_flight_at(time.monotonic())) >= 2,
+            timeout_s=30,
+            every_s=0.05,
+        )
         killed = local.kill(victim)
         t_kill = killed.at
         time.sleep(replace_after_s)
