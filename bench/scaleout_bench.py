@@ -17,8 +17,8 @@ only, every run bounded in requests and time):
 Writes ``bench/results/scaleout.json`` and ``docs/benchmarks/results/scaleout.md``
 (the table docs/benchmarks/scaleout.md quotes).
 
-    .venv/bin/python -m ebplus.bench.scaleout_bench            # ~35 min on 2 cores
-    .venv/bin/python -m ebplus.bench.scaleout_bench --quick    # the CI test's sizes (~12 min)
+    .venv/bin/python -m ebplus.bench.scaleout_bench            # 3 kills, 2 rolling updates (not yet timed)
+    .venv/bin/python -m ebplus.bench.scaleout_bench --quick    # the CI test's sizes
 """
 
 from __future__ import annotations
