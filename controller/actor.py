@@ -41,9 +41,9 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
-from ebplus.controller import persistence
+from ebplus.controller import lifecycle, persistence
 from ebplus.controller.client import ControllerUnavailable
-from ebplus.controller.config import ControllerConfig
+from ebplus.controller.config import HEAD_NODE_RESOURCE, ControllerConfig
 from ebplus.controller.fleet import FleetController, Stage
 from ebplus.controller.messages import Registration, WireError, decode, encode
 from ebplus.controller.overrides import OverrideError
@@ -102,19 +102,35 @@ class StateStore:
         event loop serves pushes (a thread that held it to encode a megabyte of text, and
         was then descheduled on a busy machine, stalled the loop for half a second).
         """
+        if not self.memory_only:
+            self._write(self.path, self.key, data)
+
+    def set_aside(self, raw: dict) -> str | None:
+        """Keep a state this controller cannot resume from beside the live one; returns where.
+
+        A state of a newer schema (a rollback after an upgrade) would otherwise be
+        overwritten by the first snapshot of the controller that refused it.
+        """
         if self.memory_only:
-            return
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return None
+        path = None if self.path is None else self.path.with_name("controller-state.rejected.json")
+        key = self.key + b".rejected"
+        self._write(path, key, json.dumps(raw).encode())
+        return str(path) if path is not None else f"Ray internal KV key {key.decode()}"
+
+    @staticmethod
+    def _write(path: Path | None, key: bytes, data: bytes) -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
             # write-then-rename: a crash mid-write never leaves a torn file
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".controller-state.")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".controller-state.")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
-            os.replace(tmp, self.path)
+            os.replace(tmp, path)
             return
         from ray.experimental.internal_kv import _internal_kv_put
 
-        _internal_kv_put(self.key, data, overwrite=True)
+        _internal_kv_put(key, data, overwrite=True)
 
     def clear(self) -> None:
         if self.memory_only:
@@ -180,14 +196,26 @@ class ControllerActor:
         self.store = StateStore(self.config.state_dir)
         self.started_at = time.time()
         self.restored = False
+        self._identity = lifecycle.identity(self.config)
         saved = self.store.load()
         if saved is not None:
             try:
                 self.fleet.restore(persistence.parse(saved))
                 self.restored = True
-                logger.info("controller resumed at version %d", self.fleet.version)
+                found = saved.get("schema_version", 0)
+                if found == persistence.SCHEMA_VERSION:
+                    logger.info("controller resumed at version %d", self.fleet.version)
+                else:  # an upgrade: worth a line in any log level
+                    logger.warning(
+                        "controller resumed at version %d from a schema-%s state (migrated to schema %d)",
+                        self.fleet.version, found, persistence.SCHEMA_VERSION,
+                    )  # fmt: skip
             except persistence.StateError as exc:
-                logger.warning("controller state not restorable, starting cold: %s", exc)
+                try:  # never a crash loop: the constructor must not raise on a bad state
+                    where = self.store.set_aside(saved)
+                except Exception as aside:
+                    where = f"nowhere ({aside})"
+                logger.error("controller state not restorable, starting cold: %s; the state is kept in %s", exc, where)
                 self.fleet = FleetController(self.config)
         self._dirty = False
         self._persisted_version = self.fleet.version
@@ -371,6 +399,15 @@ class ControllerActor:
             self._persist_new_version()
         return None if update is None else encode(update)
 
+    async def leave(self, replica_id: str) -> bool:
+        """A replica shutting down on purpose (scale-down, rolling update) is forgotten at once, not after
+        ``stale_replica_s`` of silence; its state is set aside like any forgotten replica's."""
+        if not isinstance(replica_id, str) or not self.fleet.forget(replica_id):
+            return False
+        logger.info("replica %s left", replica_id)
+        self._dirty = True
+        return True
+
     # -- operator-facing (JSON) ------------------------------------------------
 
     async def snapshot(self) -> str:
@@ -419,22 +456,36 @@ class ControllerActor:
         """An operator's change waits for a background re-plan or snapshot to finish (nothing to wait for inline)."""
         return contextlib.nullcontext() if self._inline() else self._exclusive
 
+    async def identity(self) -> str:
+        """The code and configuration this controller runs (:func:`ebplus.controller.lifecycle.identity`)."""
+        return self._identity
+
+    async def checkpoint(self) -> int:
+        """Persist the state now (an upgrade stops this controller next); returns the version persisted."""
+        async with self._between_replans():
+            self.persist(force=True)
+        return self.fleet.version
+
     async def ping(self) -> str:
         return Ping(
             version=self.fleet.version, replicas=len(self.fleet.replicas), restored=self.restored, pid=os.getpid()
         ).model_dump_json()
 
 
-def controller_options(max_restarts: int = -1) -> dict[str, Any]:
-    """Ray actor options of the controller: named, detached, restartable, tiny."""
+def controller_options(config: ControllerConfig) -> dict[str, Any]:
+    """Ray actor options of the controller: named, detached, restartable, tiny, placed as configured."""
+    resources = dict(config.resources)
+    if config.placement == "head":
+        resources.setdefault(HEAD_NODE_RESOURCE, 0.001)
     return {
         "name": ACTOR_NAME,
         "namespace": NAMESPACE,
         "lifetime": "detached",
         "get_if_exists": True,
-        "max_restarts": max_restarts,
+        "max_restarts": config.max_restarts,
         "max_task_retries": 0,  # a replica's next push is the retry; never double-ingest
         "num_cpus": 0,
+        "resources": resources,
         "max_concurrency": 64,
     }
 
@@ -444,7 +495,7 @@ def start_controller(config: ControllerConfig):
     import ray
 
     cls = ray.remote(ControllerActor)
-    return cls.options(**controller_options(config.max_restarts)).remote(config)
+    return cls.options(**controller_options(config)).remote(config)
 
 
 def get_controller():

@@ -70,6 +70,10 @@ class ControllerClient:
         reply = await self._call("ingest", encode(batch), timeout_s=timeout_s)
         return None if reply is None else _update(reply)
 
+    async def leave(self, replica_id: str, timeout_s: float) -> bool:
+        """A replica going away on purpose: the controller forgets it now; whether it knew it."""
+        return bool(await self._call("leave", replica_id, timeout_s=timeout_s))
+
     # -- operators
 
     async def snapshot(self) -> FleetSnapshot:

@@ -9,11 +9,29 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ebplus.controller import theory
 
 TokenMean = Annotated[float, Field(ge=1, le=1e7)]  # a mean length in tokens (mu_L, mu_O)
+
+#: The resource Ray puts on the head node only (``ray start --head``); a sliver of it pins an actor there.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+#: Resources Ray takes from ``num_cpus``/``num_gpus``/``memory``, never from a ``resources`` mapping.
+_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+
+
+def _custom_only(resources: dict[str, float]) -> dict[str, float]:
+    builtin = sorted(set(resources) & _BUILTIN_RESOURCES)
+    if builtin:
+        raise ValueError(f"{builtin[0]!r} is a built-in Ray resource: set it with num_cpus/num_gpus, not here")
+    if "" in resources:
+        raise ValueError("a resource name must not be empty")
+    return resources
+
+
+#: Custom Ray resources an actor needs (``ray start --resources`` gives them to nodes): placement by node kind.
+CustomResources = Annotated[dict[str, Annotated[float, Field(gt=0, le=1e9)]], AfterValidator(_custom_only)]
 
 
 class LoopConfig(BaseModel):
@@ -297,5 +315,21 @@ class ControllerConfig(BaseModel):
         None, description="Directory for the persisted state; default: Ray's internal KV store."
     )
     max_restarts: int = Field(-1, ge=-1, description="Actor restarts Ray attempts (-1: unlimited).")
+    placement: Literal["head", "any"] = Field(
+        "head",
+        description=(
+            "Where the controller actor runs: 'head' pins it to the Ray head node, beside the GCS that holds "
+            "its state (a worker node's loss then never takes the controller with it); 'any' lets Ray choose "
+            "among the nodes that have `resources`."
+        ),
+    )
+    resources: CustomResources = Field(
+        default_factory=dict,
+        description=(
+            "Custom Ray resources the controller's node must have, e.g. {ebplus-controller: 0.01} with "
+            "placement 'any' for a node started with `--resources '{\"ebplus-controller\": 1}'`. Give the "
+            "resource to two nodes or more: Ray restarts the actor after a node loss only where it fits."
+        ),
+    )
     stale_replica_s: float = Field(60.0, gt=0, description="Forget replicas silent this long.")
     persist_every_s: float = Field(2.0, gt=0, description="Minimum seconds between state snapshots.")

@@ -5,12 +5,16 @@ resumes from the last :class:`ControllerState` without a cold start: its
 windows, every replica's planner state and fitted costs, overrides and history.
 
 Schema versions. :data:`SCHEMA_VERSION` is written into every state. A state
-without one is version 0 (what controllers wrote before versions existed); it is
-migrated: its window of recent completions (output lengths, censored flags,
-prompt lengths) becomes one replica's admission window (a capped request ended at
-its cap), its estimate loses the fields the estimator no longer has. A state from a *newer* schema is
-refused with :class:`StateError` naming both versions (the caller logs it and
-starts cold) rather than half-read - a rollback after an upgrade must never
+without one is version 0 (what controllers wrote before versions existed); its
+layout is version 1's. Version 2 replaced the workload's window of recent
+completions (output lengths, censored flags, prompt lengths) with per-replica
+admission windows: a version 0 or 1 state is migrated, its window becoming one
+replica's admission window (a capped request ended at its cap) and its estimate
+losing the fields the estimator no longer has. (Controllers of the code between
+that change and the version bump wrote the new layout under version 1: the
+migration recognises the layout, not only the number.) A state from a *newer*
+schema is refused with :class:`StateError` naming both versions (the caller logs
+it and starts cold) rather than half-read - a rollback after an upgrade must never
 crash-loop the controller. Bump the version when a field changes meaning or
 shape, and add the step that migrates the old layout in :func:`_migrate`.
 """
@@ -34,7 +38,7 @@ if TYPE_CHECKING:
     from ebplus.controller.fleet import FleetController, ReplicaState
 
 #: Version of :class:`ControllerState` this code writes (and the newest it reads).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class StateError(ValueError):
@@ -185,24 +189,33 @@ def _migrate(raw: dict[str, Any]) -> dict[str, Any]:
         raise StateError(f"schema_version {found!r} is not a version number")
     if found > SCHEMA_VERSION:
         raise StateError(f"state has schema version {found}, newer than this controller's {SCHEMA_VERSION}")
-    steps: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _from_v0}
+    steps: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: lambda old: old, 1: _from_v1}
     while found < SCHEMA_VERSION:
         raw = steps[found](raw)
         found += 1
     return {**raw, "schema_version": SCHEMA_VERSION}
 
 
-_V0_ESTIMATE_DROPPED = ("t_lo", "t_hi")
+_V1_ESTIMATE_DROPPED = ("t_lo", "t_hi")
 
 
-def _v0_estimate(est: Any) -> Any:
+def _v1_estimate(est: Any) -> Any:
     if not isinstance(est, dict):
         return est
-    return {k: v for k, v in est.items() if k not in _V0_ESTIMATE_DROPPED}
+    return {k: v for k, v in est.items() if k not in _V1_ESTIMATE_DROPPED}
 
 
-def _from_v0(raw: dict[str, Any]) -> dict[str, Any]:
-    """Version 0 -> 1: the completion-ordered window becomes an admission window; estimates drop two fields."""
+def _v1_plan(plan: Any) -> Any:
+    """A plan's EB/MB crossover in version 1's terms (``lhs``/``rhs``) cannot be restated in version 2's
+    (each mode's per-token time): the explanation is dropped, the decision (k, N, mode) is kept."""
+    if isinstance(plan, dict) and isinstance(plan.get("crossover"), dict) and "lhs" in plan["crossover"]:
+        return {**plan, "crossover": None}
+    return plan
+
+
+def _from_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: the completion-ordered window becomes an admission window; estimates drop two
+    fields; plans drop an old-style crossover."""
     workload = dict(raw.get("workload") or {})
     if "outputs" in workload:
         outputs, censored = workload.pop("outputs"), workload.pop("censored", [])
@@ -213,10 +226,12 @@ def _from_v0(raw: dict[str, Any]) -> dict[str, Any]:
         }
         workload["replicas"] = {"restored": {"done": done, "running": [], "running_total": 0, "next_seq": len(done)}}
         workload["cached"] = [0] * len(inputs)
-    workload["estimate"] = _v0_estimate(workload.get("estimate"))
-    history = [{**d, "estimate": _v0_estimate(d.get("estimate"))} if isinstance(d, dict) else d
-               for d in raw.get("history", [])]  # fmt: skip
-    return {**raw, "workload": workload, "history": history}
+    workload["estimate"] = _v1_estimate(workload.get("estimate"))
+    history = [{**d, "estimate": _v1_estimate(d.get("estimate")), "plan": _v1_plan(d.get("plan"))}
+               if isinstance(d, dict) else d for d in raw.get("history", [])]  # fmt: skip
+    replicas = {rid: {**r, "last_plan": _v1_plan(r.get("last_plan"))} if isinstance(r, dict) else r
+                for rid, r in (raw.get("replicas") or {}).items()}  # fmt: skip
+    return {**raw, "workload": workload, "history": history, "replicas": replicas}
 
 
 def parse(raw: Any) -> ControllerState:

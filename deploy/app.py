@@ -81,12 +81,7 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
     kwargs: dict[str, Any] = {
         "model_loading_config": {"model_id": cfg.model.id, "model_source": model_source},
         "engine_kwargs": engine_kwargs(cfg),
-        "deployment_config": {
-            "num_replicas": rep.num_replicas,
-            "max_ongoing_requests": rep.max_ongoing_requests,
-            "max_queued_requests": rep.max_queued_requests,
-            "ray_actor_options": {"num_cpus": rep.num_cpus},
-        },
+        "deployment_config": rep.deployment_options(),
         "runtime_env": {"env_vars": engine_env(cfg)},
         "log_engine_metrics": True,
     }
@@ -102,10 +97,10 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
 
 
 def start_controller_for(cfg: ServeConfig):
-    """Create (or find) the controller actor this deployment reports to."""
-    from ebplus.controller.actor import start_controller
+    """Create, find or upgrade (code or ``controller:`` config changed) the controller actor this deployment reports to."""
+    from ebplus.controller.lifecycle import ensure_controller
 
-    return start_controller(cfg.controller)
+    return ensure_controller(cfg.controller)
 
 
 def build(cfg: ServeConfig, model_source: str | None = None):
@@ -132,6 +127,7 @@ def build(cfg: ServeConfig, model_source: str | None = None):
         num_replicas=cfg.http.ingress_replicas,
         ray_actor_options={
             "num_cpus": cfg.http.ingress_num_cpus,
+            "resources": dict(cfg.http.ingress_resources),
             "runtime_env": {"env_vars": request_limits(cfg)},
         },
     )
@@ -142,6 +138,7 @@ def build(cfg: ServeConfig, model_source: str | None = None):
         model_cards={cfg.model.id: to_model_metadata(cfg.model.id, llm)},
         auth=auth,
         model_id=cfg.model.id,
+        stall_timeout_s=cfg.replicas.stall_timeout_s,
     )
 
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ebplus.deploy.config import ConfigError, ServeConfig, load_config
@@ -17,6 +17,17 @@ from ebplus.errors import CommandError
 #: Default limit for the application to reach RUNNING (``--deploy-timeout``): a first start
 #: may download a model from the Hub and compile CUDA graphs; on a CPU it takes a minute or two.
 DEPLOY_TIMEOUT_S = 1200.0
+
+
+def _add_deploy_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--deploy-timeout",
+        type=float,
+        default=DEPLOY_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up (exit 2, naming the logs and the last error) if the application is not running after "
+        f"this long; 0 waits forever (default {DEPLOY_TIMEOUT_S:.0f})",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,14 +50,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         "arguments against vLLM's and the devices (serving runs the same checks before starting Ray)",
     )
     s.add_argument(
-        "--deploy-timeout",
-        type=float,
-        default=DEPLOY_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"give up (exit 2, naming the logs and the last error) if the application is not running after "
-        f"this long; 0 waits forever (default {DEPLOY_TIMEOUT_S:.0f})",
+        "--ray-address", default=None, help="override ray.address: join this Ray cluster (host:port of its GCS)"
     )
+    _add_deploy_timeout(s)
     s.set_defaults(run=run_serve)
+
+    d = sub.add_parser(
+        "deploy",
+        help="deploy or update the application on a running Ray cluster, then return",
+        description=(
+            "Deploy the Serve application of a config file to the running Ray cluster at ray.address and "
+            "return (ebplus serve stays in the foreground instead). On an application that already runs "
+            "(started by ebplus serve or an earlier deploy) this is an in-place update: Serve replaces the "
+            "model replicas one at a time when their settings changed (each old replica finishes its requests "
+            "first), and the EB+ controller is upgraded when its code or controller: settings changed, resuming "
+            "from its persisted state. Returns once the application runs the new config."
+        ),
+    )
+    d.add_argument("--config", type=Path, required=True, help="deployment config (YAML)")
+    d.add_argument("--ray-address", default=None, help="override ray.address (host:port of the cluster's GCS)")
+    d.add_argument("--delete", action="store_true", help="remove the application instead")
+    _add_deploy_timeout(d)
+    d.set_defaults(run=run_deploy, host=None, port=None)
 
     b = sub.add_parser(
         "build-model",
@@ -84,7 +109,10 @@ def _with_overrides(cfg: ServeConfig, args: argparse.Namespace) -> ServeConfig:
     http = cfg.http.model_copy(
         update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     )
-    return cfg.model_copy(update={"http": http})
+    update = {"http": http}
+    if args.ray_address is not None:
+        update["ray"] = cfg.ray.model_copy(update={"address": args.ray_address})
+    return cfg.model_copy(update=update)
 
 
 def banner(cfg: ServeConfig, ray_address: str | None = None) -> str:
@@ -147,6 +175,76 @@ def say(message: str) -> None:
     print(f"[serve] {message}", flush=True)
 
 
+def deploy_app(
+    cfg: ServeConfig, model_source: str, session_dir: Path, timeout_s: float, tag: str, cancelled: Callable[[], bool]
+) -> float:
+    """Deploy the application (a new one, or an in-place update of the running one) and wait until it
+    runs; returns the seconds it took (an expected failure is a :class:`CommandError` naming the logs)."""
+    from ray import serve
+
+    from ebplus.deploy.app import APP_NAME, build
+    from ebplus.deploy.progress import DeployError, wait_until_running
+
+    def log(message: str) -> None:
+        print(f"[{tag}] {message}", flush=True)
+
+    serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
+    limit = f"limit {timeout_s:.0f} s, --deploy-timeout" if timeout_s else "no time limit"
+    replicas = (
+        f"{cfg.replicas.num_replicas} replica(s)"
+        if cfg.replicas.autoscaling is None
+        else f"{cfg.replicas.autoscaling.min_replicas}-{cfg.replicas.autoscaling.max_replicas} replicas (autoscaling)"
+    )
+    log(
+        f"deploying {replicas} of {cfg.model.id!r}: the engine start takes a minute "
+        f"or more on CPU, longer for a large model ({limit})"
+    )
+    app = serve.RunTarget(build(cfg, model_source=model_source), name=APP_NAME, route_prefix="/")
+    serve.run_many([app], wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    try:
+        return wait_until_running(serve.status, APP_NAME, timeout_s, session_dir, log, cancelled=cancelled)
+    except DeployError as exc:
+        for line in exc.details:
+            print(f"[{tag}] {line}", file=sys.stderr, flush=True)
+        raise CommandError(exc.summary) from None
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    try:
+        cfg = _with_overrides(load_config(args.config), args)
+    except ConfigError as exc:
+        print(f"ebplus deploy: {exc}", file=sys.stderr)
+        return 2
+    if not cfg.ray.address:
+        print(
+            f"ebplus deploy: {args.config}: ray.address: deploy needs a running Ray cluster "
+            "(set ray.address or --ray-address; ebplus serve starts a local one)",
+            file=sys.stderr,
+        )
+        return 2
+
+    import ray
+    from ray import serve
+
+    from ebplus.deploy.app import APP_NAME, model_path
+
+    if args.deploy_timeout < 0:
+        raise CommandError(f"--deploy-timeout must be >= 0 seconds, got {args.deploy_timeout:g}")
+    source = None if args.delete else model_path(cfg, build=True)
+    session_dir = start_ray(cfg)
+    try:
+        if args.delete:
+            serve.delete(APP_NAME)
+            print(f"[deploy] application {APP_NAME!r} removed", flush=True)
+        else:
+            assert source is not None
+            took = deploy_app(cfg, source, session_dir, args.deploy_timeout, "deploy", lambda: False)
+            print(f"[deploy] running the new config after {took:.0f} s", flush=True)
+    finally:
+        ray.shutdown()
+    return 0
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:
         cfg = _with_overrides(load_config(args.config), args)
@@ -171,8 +269,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         serve_env.apply()  # before Ray is imported: Ray Serve reads them at import
 
-    from ebplus.deploy.app import APP_NAME, build, model_path
-    from ebplus.deploy.progress import DeployError, wait_until_running
+    from ebplus.deploy.app import APP_NAME, model_path
 
     say(f"model {cfg.model.source} ...")
     with building(f"model.source {cfg.model.source}"):
@@ -189,22 +286,7 @@ def run_serve(args: argparse.Namespace) -> int:
     session_dir = start_ray(cfg)
     say(f"Ray is up; its logs: {session_dir / 'logs'} (Serve and replicas: {session_dir / 'logs' / 'serve'})")
     try:
-        serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
-        limit = f"limit {args.deploy_timeout:.0f} s, --deploy-timeout" if args.deploy_timeout else "no time limit"
-        say(
-            f"deploying {cfg.replicas.num_replicas} replica(s) of {cfg.model.id!r}: the engine start takes a minute "
-            f"or more on CPU, longer for a large model ({limit})"
-        )
-        app = serve.RunTarget(build(cfg, model_source=source), name=APP_NAME, route_prefix="/")
-        serve.run_many([app], wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
-        try:
-            took = wait_until_running(
-                serve.status, APP_NAME, args.deploy_timeout, session_dir, say, cancelled=stop.is_set
-            )
-        except DeployError as exc:
-            for line in exc.details:
-                print(f"[serve] {line}", file=sys.stderr, flush=True)
-            raise CommandError(exc.summary) from None
+        took = deploy_app(cfg, source, session_dir, args.deploy_timeout, "serve", stop.is_set)
         if not stop.is_set():
             say(f"deployed in {took:.0f} s")
             print(banner(cfg, ray.get_runtime_context().gcs_address), flush=True)

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ebplus.controller.config import ControllerConfig
+from ebplus.controller.config import ControllerConfig, CustomResources
 from ebplus.controller.cost_model import ProfileError, resolve_profile
 from ebplus.deploy import sources
 from ebplus.replicas.config import EngineSection, ReplicaSection, SchedulerSection
@@ -68,6 +68,10 @@ class HttpSection(_Section):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies are refused with 413.")
     ingress_replicas: int = Field(1, ge=1, description="Replicas of the HTTP ingress deployment.")
     ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per ingress replica.")
+    ingress_resources: CustomResources = Field(
+        default_factory=dict,
+        description="Custom Ray resources each ingress replica needs (e.g. to keep it on CPU nodes).",
+    )
 
 
 class RaySection(_Section):

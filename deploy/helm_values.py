@@ -198,6 +198,11 @@ class RayServiceSettings(_Values):
     upgradeType: Literal["NewCluster", "None"] = Field(
         "NewCluster", description="How KubeRay applies a changed cluster spec: NewCluster (zero downtime) or None."
     )
+    enableInTreeAutoscaling: bool = Field(
+        False,
+        description="Run Ray's autoscaler in the head pod: worker pods are added (up to a group's maxReplicas) when "
+        "Serve's replicas (config.replicas.autoscaling) need room, and removed when idle.",
+    )
 
 
 class ChartValues(_Values):

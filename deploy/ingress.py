@@ -39,8 +39,12 @@ from ebplus.deploy.admin import AdminService
 from ebplus.deploy.auth import load_secret
 from ebplus.deploy.config import AuthSection
 from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit, ErrorResponses, JsonBodyGuard
+from ebplus.replicas.heartbeat import ReplicaStalled, without_heartbeats
 
 logger = logging.getLogger("ray.serve.ebplus")
+
+#: Replica methods that answer with heartbeats, by the stock method they wrap (see ebplus.replicas.heartbeat).
+WITH_HEARTBEATS = {"chat": "chat_with_heartbeats", "completions": "completions_with_heartbeats"}
 
 # The OpenAI routes of a text-generation deployment (no embeddings/audio/score).
 OPENAI_ENDPOINTS = {
@@ -54,6 +58,7 @@ class EBPlusIngress(OpenAiIngress):
     Args:
         auth: the ``auth:`` section of the config (env/file names, not secrets).
         model_id: served model name (the ``model`` label of the metrics).
+        stall_timeout_s: a replica silent this long (no answer, no heartbeat) is given up on.
     """
 
     def __init__(
@@ -63,20 +68,25 @@ class EBPlusIngress(OpenAiIngress):
         *,
         auth: AuthSection,
         model_id: str,
+        stall_timeout_s: float,
         lora_paths: dict[str, str] | None = None,
     ) -> None:
         super().__init__(llm_deployments, model_cards, lora_paths=lora_paths)
+        self._stall_timeout_s = stall_timeout_s
         admin_token = load_secret(auth.admin_token_env, auth.admin_token_file)
         admin.install_service(AdminService(ControllerClient(RayTransport()), admin_token, model_id))
 
     async def _get_response(self, **kwargs: Any) -> AsyncGenerator[Any, None]:
-        """The model's answer stream; a replica that dies under a request becomes a 503, not a 500.
+        """The model's answer stream; a replica that dies or goes silent under a request becomes a 503, not a 500 or a hang.
 
         Serve re-routes a request whose replica died before accepting it. One that
         was already running there fails with ``ActorDiedError``, which the stock
         ingress answers with a 500 - and a stream that had started just stops, with
         no ``[DONE]`` and no error, so a client takes a cut-off answer for a whole
-        one. Here the failure becomes an OpenAI error with code 503: before the
+        one. A replica whose node was lost may also say nothing at all until Ray
+        declares the node dead; chat and completions are therefore asked of the
+        replica with heartbeats, and a stream silent for ``stall_timeout_s`` is
+        given up on. Either failure becomes an OpenAI error with code 503: before the
         first chunk a 503 response (with ``Retry-After``: safe to retry, nothing was
         returned), after it an error event that ends the stream (the OpenAI client
         raises ``APIError``; what was already streamed is incomplete).
@@ -85,10 +95,15 @@ class EBPlusIngress(OpenAiIngress):
         if problem is not None:
             yield _error(problem, "BadRequestError", 400)
             return
+        method = WITH_HEARTBEATS.get(kwargs.get("call_method", ""))
+        if method is None:
+            stream = super()._get_response(**kwargs)
+        else:
+            stream = without_heartbeats(super()._get_response(**{**kwargs, "call_method": method}), self._stall_timeout_s)
         try:
-            async for response in super()._get_response(**kwargs):
+            async for response in stream:
                 yield response
-        except RayActorError as exc:
+        except (RayActorError, ReplicaStalled) as exc:
             logger.warning("replica failed under a request: %s", str(exc).splitlines()[0])
             yield _error("the model replica serving this request failed; retry the request", "ServiceUnavailable", 503)
 

@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "bench-overhead": "ebplus.bench.cli",
     "profile": "ebplus.bench.profile",
     "serve": "ebplus.deploy.cli",
+    "deploy": "ebplus.deploy.cli",
     "build-model": "ebplus.deploy.cli",
     "status": "ebplus.deploy.status",
 }
@@ -38,6 +39,7 @@ HELP: dict[str, str] = {
     "bench-overhead": "measure what the serving plane costs: ebplus serve vs plain vLLM and Ray Serve LLM",
     "profile": "fit a hardware cost profile on a real vLLM engine",
     "serve": "run the Ray Serve deployment from a config file",
+    "deploy": "deploy or update the application on a running Ray cluster, then return",
     "build-model": "build a bundled model directory (SmolLM2 or the tiny test model)",
     "status": "show a running deployment's thresholds and estimates",
 }

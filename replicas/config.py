@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ebplus.controller import theory
+from ebplus.controller.config import CustomResources
 from ebplus.controller.messages import Mode, ThresholdUpdate
 
 
@@ -91,10 +92,77 @@ class SchedulerSection(_Section):
         return ThresholdUpdate(mode=self.mode, k=k, n=n, version=0, active=active)
 
 
+class AutoscalingSection(_Section):
+    """Ray Serve's replica autoscaling (its ``autoscaling_config``), for the model replicas.
+
+    Serve adds a replica when the ongoing requests per replica, averaged over
+    ``look_back_period_s``, stay above ``target_ongoing_requests`` for
+    ``upscale_delay_s``, and removes one when they stay below it for
+    ``downscale_delay_s``; a removed replica drains (``graceful_shutdown_*``). The
+    controller seeds a new replica with the fleet's current plan at its first push
+    and forgets a removed one. New replicas need room in the Ray cluster (a free GPU
+    node, or KubeRay's autoscaler adding one: the chart's ``rayService.inTreeAutoscaling``).
+    """
+
+    min_replicas: int = Field(1, ge=1, description="Fewest replicas (an engine takes minutes to start: no scale to zero).")
+    max_replicas: int = Field(ge=1, description="Most replicas.")
+    initial_replicas: int | None = Field(None, ge=1, description="Replicas at deployment (default: min_replicas).")
+    target_ongoing_requests: float = Field(
+        gt=0,
+        description=(
+            "Ongoing requests per replica Serve scales towards. Pick it below max_ongoing_requests and near the "
+            "concurrency a replica runs well at (EB+ needs a full batch to pay off: about the N it plans)."
+        ),
+    )
+    upscale_delay_s: float | None = Field(None, ge=0, description="Seconds of high load before adding replicas (Serve: 30).")
+    downscale_delay_s: float | None = Field(
+        None, ge=0, description="Seconds of low load before removing replicas (Serve: 600)."
+    )
+    metrics_interval_s: float | None = Field(None, gt=0, description="How often replicas report load (Serve: 10).")
+    look_back_period_s: float | None = Field(None, gt=0, description="Window the load is averaged over (Serve: 30).")
+    upscaling_factor: float | None = Field(None, gt=0, description="Multiplies each scale-up step (Serve: 1).")
+    downscaling_factor: float | None = Field(None, gt=0, description="Multiplies each scale-down step (Serve: 1).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSection:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        initial = self.initial_replicas
+        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
+            raise ValueError(f"initial_replicas ({initial}) must lie in [min_replicas, max_replicas]")
+        return self
+
+    def serve_config(self) -> dict[str, Any]:
+        """Serve's ``autoscaling_config``: the fields set here (Serve's defaults for the rest)."""
+        return self.model_dump(exclude_none=True)
+
+
 class ReplicaSection(_Section):
     """The Ray Serve deployment of vLLM replicas."""
 
-    num_replicas: int = Field(1, ge=1, description="Replicas (one per GPU).")
+    num_replicas: int = Field(1, ge=1, description="Replicas (one per GPU); with autoscaling, leave it unset.")
+    autoscaling: AutoscalingSection | None = Field(
+        None, description="Let Serve add and remove replicas with the load (None: num_replicas, fixed)."
+    )
+    resources: CustomResources = Field(
+        default_factory=dict,
+        description=(
+            "Custom Ray resources each replica needs, e.g. {ebplus-replica: 1} to keep replicas on nodes started "
+            "with that resource (worker nodes) and off the head."
+        ),
+    )
+    graceful_shutdown_timeout_s: float = Field(
+        300.0,
+        ge=0,
+        description=(
+            "A replica being removed (scale-down, rolling update) finishes its requests for up to this long "
+            "before it is stopped (Serve's default is 20 s: shorter than a long generation, which would be "
+            "cut off). It stops taking new requests at once."
+        ),
+    )
+    graceful_shutdown_wait_loop_s: float = Field(
+        1.0, gt=0, description="How often a draining replica checks whether its requests are done."
+    )
     accelerator: Literal["cpu", "gpu"] = Field("gpu", description="Where the engine runs.")
     accelerator_type: str | None = Field(None, description="Ray accelerator type to pin replicas to, e.g. 'H200'.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica actor.")
@@ -110,7 +178,44 @@ class ReplicaSection(_Section):
     max_queued_requests: int = Field(
         1024, ge=0, description="Requests queued before the API answers 503 with Retry-After (back-pressure)."
     )
+    stall_timeout_s: float = Field(
+        15.0,
+        ge=1,
+        description=(
+            "The ingress ends a request whose replica, having taken it, sent nothing, not even a heartbeat, for "
+            "this long: a 503 with Retry-After before the first token, an error event after it. A replica sends "
+            "a heartbeat when it takes a request and every heartbeat_s (a fifth of this) while it has nothing "
+            "else to send, so silence means it is lost (its node died or was cut off), however long Ray takes to "
+            "declare it dead. A request still queued for a free replica is not affected."
+        ),
+    )
     telemetry_interval_s: float = Field(0.5, gt=0, le=60, description="How often a replica pushes telemetry.")
     telemetry_buffer: int = Field(
         16384, ge=64, description="Records buffered per kind; beyond it records are dropped and counted."
     )
+
+    @model_validator(mode="after")
+    def _fixed_or_autoscaled(self) -> ReplicaSection:
+        if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
+            raise ValueError("num_replicas must be left unset with autoscaling (use autoscaling.initial_replicas)")
+        return self
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often a replica sends a heartbeat on a quiet answer stream (see ``stall_timeout_s``)."""
+        return self.stall_timeout_s / 5
+
+    def deployment_options(self) -> dict[str, Any]:
+        """The Serve deployment options of the replicas (Ray Serve LLM's ``deployment_config``)."""
+        options: dict[str, Any] = {
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": self.max_queued_requests,
+            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "graceful_shutdown_wait_loop_s": self.graceful_shutdown_wait_loop_s,
+            "ray_actor_options": {"num_cpus": self.num_cpus, "resources": dict(self.resources)},
+        }
+        if self.autoscaling is None:
+            options["num_replicas"] = self.num_replicas
+        else:
+            options["autoscaling_config"] = self.autoscaling.serve_config()
+        return options

@@ -174,6 +174,8 @@ class TelemetryPump:
         self.outbox = TelemetryOutbox(capacity)
         self.registered = False
         self.applied: ThresholdUpdate | None = None
+        #: the thresholds of the first registration reply (a new replica of a running fleet gets its plan, not a cold one)
+        self.first_update: ThresholdUpdate | None = None
         self.facts: EngineFacts | None = None
         self.report: DrainReport | None = None  # the newest drain (running/waiting, counters)
         self.pushes = 0
@@ -220,6 +222,8 @@ class TelemetryPump:
         if update is None:
             raise ControllerUnavailable("registration refused")
         self.registered = True
+        if self.first_update is None:
+            self.first_update = update
         yield from self._apply(update)
 
     def _apply(self, update: ThresholdUpdate) -> Cycle:

@@ -15,6 +15,7 @@ is down the scheduler keeps its last thresholds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -26,8 +27,9 @@ from ebplus.controller.messages import Mode
 from ebplus.controller.views import ThresholdsView
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.control import EngineControl
+from ebplus.replicas.heartbeat import with_heartbeats
 from ebplus.replicas.profiles import prior_for_device
-from ebplus.replicas.pump import TelemetryPump, arun_forever
+from ebplus.replicas.pump import TelemetryPump, arun, arun_forever
 
 # a child of Ray Serve's logger, so lines land in the replica's log with its id
 logger = logging.getLogger("ray.serve.ebplus")
@@ -67,7 +69,37 @@ class EBPlusServer(LLMServer):
         interval = self._section.telemetry_interval_s
         await arun_forever(self._pump, self._control, self._controller, interval, PUSH_TIMEOUT_S, logger)
 
+    async def __del__(self) -> None:
+        """Serve's graceful shutdown (a scale-down, a rolling update), after the replica drained.
+
+        The last telemetry is pushed and the controller is told this replica is
+        leaving, so it forgets it now rather than after ``stale_replica_s`` of
+        silence. A controller that does not answer changes nothing: it forgets the
+        replica when it falls silent, as it does one that crashed.
+        """
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._control is not None:
+            try:
+                await arun(self._pump.cycle(), self._control, self._controller, PUSH_TIMEOUT_S)
+                await self._controller.leave(self._pump.replica_id, PUSH_TIMEOUT_S)
+            except Exception as exc:  # never let the goodbye block the shutdown
+                logger.warning("replica %s could not say goodbye to the controller: %s", self._pump.replica_id, exc)
+        await super().__del__()
+
     # -- callable through the deployment handle ------------------------------
+
+    async def chat_with_heartbeats(self, request: Any, raw_request_info: Any = None) -> Any:
+        """``chat`` with :data:`~ebplus.replicas.heartbeat.HEARTBEAT` items while it has nothing to send
+        (the EB+ ingress asks for them, to notice a lost replica within its stall deadline)."""
+        return with_heartbeats(await self.chat(request, raw_request_info), self._section.heartbeat_s)
+
+    async def completions_with_heartbeats(self, request: Any, raw_request_info: Any = None) -> Any:
+        """``completions`` with heartbeats, as :meth:`chat_with_heartbeats`."""
+        return with_heartbeats(await self.completions(request, raw_request_info), self._section.heartbeat_s)
 
     async def ebplus_status(self) -> dict[str, Any]:
         """What this replica runs and how its telemetry channel is doing (JSON-able)."""
@@ -78,6 +110,7 @@ class EBPlusServer(LLMServer):
         return {
             "replica_id": pump.replica_id,
             "applied": ThresholdsView.of(applied).model_dump(mode="json"),
+            "first_update": None if pump.first_update is None else ThresholdsView.of(pump.first_update).model_dump(mode="json"),
             "registered": pump.registered,
             "running": 0 if report is None else report.running_total,
             "waiting": 0 if report is None else report.waiting_total,

@@ -1,18 +1,22 @@
 """The reliability harness: a live deployment, a Ray driver for real faults, an OpenAI load, hostile requests.
 
-Used by ``tests/e2e/test_reliability.py`` (short runs with assertions) and by
-``bench/reliability_bench.py`` (longer runs that write the Reliability table).
+Used by ``tests/e2e/test_reliability.py`` and ``tests/e2e/test_scaleout.py`` (short runs
+with assertions) and by ``bench/reliability_bench.py`` and ``bench/scaleout_bench.py``
+(longer runs that write the Reliability and Scale-out tables).
 Every fault is real: the controller actor is killed with ``ray.kill`` (Ray
-restarts it) or stopped with SIGSTOP; a model replica's process gets SIGKILL.
+restarts it) or stopped with SIGSTOP; a model replica's process gets SIGKILL; a worker node
+of a multi-node cluster loses its raylet and everything under it.
 All traffic goes to loopback; every wait has a deadline.
 
 One module per concern:
 
 - :mod:`.deployment`: ``ebplus serve`` started, attached to, waited for and stopped;
 - :mod:`.cluster`: the Ray driver that injects the faults and reads replica state;
+- :mod:`.nodes`: a multi-node Ray cluster on this machine, whose nodes can be lost;
+- :mod:`.multinode`: the layout of that cluster and the config updates of the scale-out runs;
 - :mod:`.fleet`: the fleet as the controller sees it (healthy, converged; counters);
-- :mod:`.load`: the OpenAI client load and what it saw;
-- :mod:`.faults`, :mod:`.overload`, :mod:`.hostile`: the scenarios, each returning
+- :mod:`.load`: the OpenAI client load (closed-loop or open-loop Poisson) and what it saw;
+- :mod:`.faults`, :mod:`.overload`, :mod:`.hostile`, :mod:`.nodeloss`, :mod:`.rollout`: the scenarios, each returning
   plain figures (JSON-able) that the tests assert on and the benchmark tabulates;
 - :mod:`.waiting`: :func:`wait_until` and :class:`HarnessError`.
 

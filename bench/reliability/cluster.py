@@ -7,9 +7,9 @@ these methods, so a new kind of fault is a method here plus a scenario there.
 
 NOTE: processes are signalled with ``os.kill``: every Ray node of the cluster runs
 on this machine (a multi-node cluster of several raylets on loopback qualifies).
-Node-level faults (removing a node, scaling the cluster) belong beside the
-process-level ones below, found through the same driver (``ray.nodes()``,
-``ray.util.state``).
+Node-level faults (losing a whole node) are :class:`.nodes.LocalCluster`'s, which
+owns the nodes; this driver says where things run (:meth:`Cluster.replica_nodes`,
+:meth:`Cluster.controller_node`).
 """
 
 from __future__ import annotations
@@ -68,6 +68,12 @@ class Cluster:
 
         return json.loads(ray.get(self.controller().ping.remote(), timeout=timeout_s))
 
+    def call(self, method: str, *args: object, timeout_s: float = 10.0) -> str:
+        """A controller method's answer as it comes (JSON text for the views)."""
+        import ray
+
+        return ray.get(getattr(self.controller(), method).remote(*args), timeout=timeout_s)
+
     def snapshot(self, timeout_s: float = 10.0) -> dict:
         """The controller's full snapshot as JSON (``views.FleetSnapshot``: per replica last_seen,
         drops, engine counters...)."""
@@ -110,11 +116,29 @@ class Cluster:
         return out
 
     def actor_pid(self, name: str, namespace: str = "serve") -> int:
+        return int(self._actor_info(name, namespace)["Pid"])
+
+    def _actor_info(self, name: str, namespace: str) -> dict:
         import ray
         from ray._private import state
 
-        info = state.actors(ray.get_actor(name, namespace=namespace)._actor_id.hex())
-        return int(info["Pid"])
+        return state.actors(ray.get_actor(name, namespace=namespace)._actor_id.hex())
+
+    def replica_nodes(self) -> dict[str, str]:
+        """Serve replica id -> Ray node id of every model replica that has a node (started or starting)."""
+        out = {}
+        for rid, name in self.replica_actors().items():
+            with contextlib.suppress(Exception):  # a replica being removed
+                node = self._actor_info(name, "serve")["Address"]["NodeID"]
+                if node:
+                    out[rid] = node
+        return out
+
+    def controller_node(self) -> str:
+        """Ray node id of the controller actor."""
+        from ebplus.controller.actor import ACTOR_NAME, NAMESPACE
+
+        return self._actor_info(ACTOR_NAME, NAMESPACE)["Address"]["NodeID"]
 
     def replica_status(self, replicas: int, timeout_s: float = 20.0) -> dict[str, dict]:
         """``ebplus_status`` of the model replicas, by replica id (calls in pairs until each answered:

@@ -71,7 +71,7 @@ class Deployment:
     @property
     def ray_address(self) -> str:
         """The GCS address from the start-up banner (``ebplus serve`` prints it)."""
-        match = re.search(r"Ray cluster\s+(\S+)", self.log_text())
+        match = re.search(r"^\s+Ray cluster\s+(\S+)\s+\(ray\.init", self.log_text(), re.MULTILINE)
         if match is None:
             raise HarnessError("the deployment's banner names no Ray cluster")
         return match.group(1)
@@ -92,12 +92,18 @@ def start_deployment(
     api_key: str | None = None,
     timeout_s: float = START_TIMEOUT_S,
     extra_env: dict[str, str] | None = None,
+    ray_address: str | None = None,
 ) -> Deployment:
     """Start ``ebplus serve --config`` in its own session and wait until it serves and the controller answers.
 
     ``extra_env`` is added to the environment of the whole process tree (Ray's processes inherit it).
+    With ``ray_address`` it joins that cluster (``--ray-address``) instead of starting one.
     """
     config = load_config(config_path)
+    extra = []
+    if ray_address is not None:
+        config = config.model_copy(update={"ray": config.ray.model_copy(update={"address": ray_address})})
+        extra = ["--ray-address", ray_address]
     env = {**os.environ, **(extra_env or {}), "EBPLUS_ADMIN_TOKEN": admin_token, "PYTHONUNBUFFERED": "1"}
     env.pop("EBPLUS_API_KEY", None)
     if api_key:
@@ -105,7 +111,7 @@ def start_deployment(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ebplus.cli", "serve", "--config", str(config_path)],
+            [sys.executable, "-m", "ebplus.cli", "serve", "--config", str(config_path), *extra],
             cwd=ROOT,
             env=env,
             stdout=log,

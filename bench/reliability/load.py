@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -13,6 +15,9 @@ import httpx
 
 from ebplus.bench.reliability.deployment import Deployment
 from ebplus.bench.reliability.waiting import HarnessError
+
+#: Request header carrying the load's request index (the client's retries keep it), to count answers per request.
+_INDEX_HEADER = "x-ebplus-load-index"
 
 TOPICS = ("rivers", "bread", "chess", "rain", "trains", "music", "glass", "bees", "maps", "salt")
 
@@ -28,6 +33,7 @@ class Outcome:
     ok: bool = False
     error: str = ""
     chunks: int = 0
+    statuses: list[int] = field(default_factory=list)  # every HTTP answer, client retries included
 
 
 @dataclass
@@ -61,6 +67,11 @@ class LoadResult:
     def in_flight_at(self, t: float) -> list[Outcome]:
         return [o for o in self.outcomes if o.started < t < (o.ended or float("inf"))]
 
+    def longest_s(self) -> float | None:
+        """The longest request, failed ones included (a hang shows here, not in the latencies)."""
+        ended = [o.ended - o.started for o in self.outcomes if o.ended]
+        return round(max(ended), 2) if ended else None
+
     def summary(self) -> dict:
         lat = self.latencies()
         return {
@@ -76,6 +87,7 @@ class LoadResult:
             "latency_p50_s": percentile(lat, 50),
             "latency_p95_s": percentile(lat, 95),
             "latency_max_s": round(lat[-1], 3) if lat else None,
+            "longest_request_s": self.longest_s(),
         }
 
 
@@ -98,24 +110,38 @@ async def run_load(
     max_retries: int = 0,
     timeout_s: float = 120.0,
     ignore_eos: bool = False,
+    rate_per_s: float | Callable[[], float] | None = None,
+    seed: int = 0,
+    stop: threading.Event | None = None,
     on_start: Callable[[], Any] | None = None,
+    into: LoadResult | None = None,
 ) -> LoadResult:
-    """Send OpenAI requests (the official async client) from ``concurrency`` workers.
+    """Send OpenAI requests (the official async client), closed- or open-loop.
 
-    Stops after ``requests`` requests or ``duration_s`` seconds, whichever comes
-    first. ``max_retries`` is the client's own retry budget (it retries connection
-    errors, 429 and 5xx, honouring ``Retry-After``); every HTTP answer is counted.
-    A stream counts as ok only if it ends with a finish reason: a stream that stops
-    early without an error would be a silent truncation.
+    Closed loop (``rate_per_s`` None): ``concurrency`` workers, each sending its next
+    request when the last one ended. Open loop: requests arrive as a Poisson process
+    of ``rate_per_s`` whatever the server does (the load a fault does not slow down);
+    a callable rate is read before each arrival (a ramp; 0 pauses arrivals), and
+    ``concurrency`` only sizes the connection pool. Either stops after ``requests``
+    requests, ``duration_s`` seconds or ``stop`` being set, whichever comes first. ``max_retries`` is the
+    client's own retry budget (it retries connection errors, 429 and 5xx, honouring
+    ``Retry-After``); every HTTP answer is counted, per request too. A stream counts as
+    ok only if it ends with a finish reason: a stream that stops early without an
+    error would be a silent truncation.
     """
     from openai import AsyncOpenAI
 
     if requests is None and duration_s is None:
         raise ValueError("give requests or duration_s")
-    result = LoadResult()
+    result = LoadResult() if into is None else into  # ``into``: readable while the load runs
+
+    by_index: dict[str, Outcome] = {}
 
     async def count(response: httpx.Response) -> None:
         result.attempts[response.status_code] += 1
+        out = by_index.get(response.request.headers.get(_INDEX_HEADER, ""))
+        if out is not None:
+            out.statuses.append(response.status_code)
         if response.status_code in (429, 503) and "retry-after" not in response.headers:
             result.missing_retry_after += 1
 
@@ -141,6 +167,7 @@ async def run_load(
         chat = chat_every > 0 and i % chat_every == 0
         out = Outcome(i, ("chat" if chat else "completion") + ("-stream" if stream else ""), time.monotonic())
         result.outcomes.append(out)
+        by_index[str(i)] = out
         topic = TOPICS[i % len(TOPICS)]
         try:
             if chat:
@@ -157,6 +184,7 @@ async def run_load(
                     "max_tokens": max_tokens,
                     "extra_body": extra,
                 }
+            kwargs["extra_headers"] = {_INDEX_HEADER: str(i)}
             api = client.chat.completions if chat else client.completions
             if stream:
                 finish = None
@@ -175,17 +203,41 @@ async def run_load(
             out.error = f"{type(exc).__name__}{'' if status is None else f' {status}'}: {str(exc)[:200]}"
         out.ended = time.monotonic()
 
+    def over() -> bool:
+        return (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop.is_set())
+
     async def worker() -> None:
-        while deadline is None or time.monotonic() < deadline:
+        while not over():
             i = next(counter, None)
             if i is None:
                 return
             await one(i)
 
+    async def arrivals() -> None:
+        assert rate_per_s is not None
+        rng = random.Random(seed)
+        due, tasks = started, []
+        for i in counter:
+            rate = rate_per_s() if callable(rate_per_s) else rate_per_s
+            while rate <= 0 and not over():  # paused
+                await asyncio.sleep(0.2)
+                due = time.monotonic()
+                rate = rate_per_s() if callable(rate_per_s) else rate_per_s
+            due += rng.expovariate(rate) if rate > 0 else 0.0
+            while time.monotonic() < due and not over():
+                await asyncio.sleep(min(0.2, due - time.monotonic()))
+            if over():
+                break
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+
     if on_start is not None:
         on_start()
     try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        if rate_per_s is None:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        else:
+            await arrivals()
     finally:
         await client.close()
         await http.aclose()
@@ -197,9 +249,11 @@ class BackgroundLoad:
     """:func:`run_load` on its own thread and event loop, so a test can inject faults meanwhile."""
 
     def __init__(self, dep: Deployment, **kwargs: Any) -> None:
-        import threading
-
+        self.stop = threading.Event()
+        kwargs.setdefault("stop", self.stop)
         self.result: LoadResult | None = None
+        self.live = LoadResult()  # the outcomes so far (appended to from the load's thread)
+        kwargs.setdefault("into", self.live)
         self.error: BaseException | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(dep, kwargs), daemon=True)
@@ -217,7 +271,9 @@ class BackgroundLoad:
         self.t0 = time.monotonic()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # the scenario failed: do not wait out the load's duration
+            self.stop.set()
         self.join()
 
     def join(self, timeout_s: float = 600) -> LoadResult:

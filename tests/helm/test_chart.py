@@ -52,6 +52,7 @@ CASES = {
     "existing-secret": CHART / "ci" / "existing-secret-values.yaml",
     "monitoring-off": CHART / "ci" / "monitoring-off-values.yaml",
     "tensor-parallel": CHART / "ci" / "tensor-parallel-values.yaml",
+    "autoscaling": CHART / "ci" / "autoscaling-values.yaml",
 }
 INVALID = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
 
@@ -381,6 +382,19 @@ def test_tensor_parallel_replicas_get_their_gpus(helm: str) -> None:
         assert gpus == container["resources"]["requests"]["nvidia.com/gpu"] and gpus % tp == 0
         slots += group["replicas"] * gpus // tp
     assert slots == config.replicas.num_replicas == 8
+
+
+def test_autoscaling_reaches_kuberay_and_serve(helm: str) -> None:
+    """In-tree autoscaling on the RayService, the group's bounds on its pods, Serve's on the replicas."""
+    (default,) = by_kind(render(helm, "default"))["RayService"]
+    assert default["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is False
+    (rs,) = by_kind(render(helm, "autoscaling"))["RayService"]
+    cluster = rs["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    (group,) = cluster["workerGroupSpecs"]
+    assert (group["minReplicas"], group["maxReplicas"]) == (1, 4)
+    replicas = yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"]["replicas"]
+    assert "num_replicas" not in replicas and replicas["autoscaling"]["max_replicas"] == 32
 
 
 def test_monitoring_and_dashboards(helm: str) -> None:

@@ -218,10 +218,49 @@ def test_replica_death_becomes_a_503_error_not_a_500_or_a_cut_stream(monkeypatch
 
     async def collect() -> list:
         ingress = object.__new__(EBPlusIngress)
+        ingress._stall_timeout_s = 5.0
         return [r async for r in ingress._get_response(body=None, call_method="completions")]
 
     out = asyncio.run(collect())
     assert out[:chunks_before] == [f"chunk {i}" for i in range(chunks_before)]
+    (err,) = out[chunks_before:]
+    assert isinstance(err, ErrorResponse) and err.error.code == 503 and "retry" in err.error.message
+
+
+@pytest.mark.parametrize("chunks_before", [0, 2])
+def test_a_silent_replica_becomes_a_503_within_the_stall_deadline(monkeypatch: pytest.MonkeyPatch, chunks_before: int) -> None:
+    """A replica on a lost node may say nothing until Ray declares the node dead: the ingress asks for
+    heartbeats (the *_with_heartbeats methods) and gives up on a stream silent for stall_timeout_s."""
+    import asyncio
+    import time
+
+    from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
+    from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
+
+    from ebplus.deploy.ingress import EBPlusIngress
+    from ebplus.replicas.heartbeat import HEARTBEAT
+
+    called = []
+
+    async def silent(self, **kwargs):
+        called.append(kwargs["call_method"])
+        yield HEARTBEAT  # the replica took the request ...
+        for i in range(chunks_before):
+            yield f"chunk {i}"
+        await asyncio.sleep(3600)  # ... then its node is lost: nothing more, not even a heartbeat
+
+    monkeypatch.setattr(ray_ingress.OpenAiIngress, "_get_response", silent)
+
+    async def collect() -> tuple[list, float]:
+        ingress = object.__new__(EBPlusIngress)
+        ingress._stall_timeout_s = 0.3
+        started = time.monotonic()
+        out = [r async for r in ingress._get_response(body=None, call_method="chat")]
+        return out, time.monotonic() - started
+
+    out, took = asyncio.run(collect())
+    assert called == ["chat_with_heartbeats"] and took < 2.0
+    assert out[:chunks_before] == [f"chunk {i}" for i in range(chunks_before)]  # the heartbeat never reaches the client
     (err,) = out[chunks_before:]
     assert isinstance(err, ErrorResponse) and err.error.code == 503 and "retry" in err.error.message
 

@@ -1,0 +1,108 @@
+"""Heartbeats between replica and ingress: a slow answer is not a lost replica; a silent one is, within the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from ebplus.replicas.heartbeat import HEARTBEAT, ReplicaStalled, with_heartbeats, without_heartbeats
+
+
+async def slow(items: list[str], gap_s: float, closed: list[str]) -> AsyncIterator[str]:
+    """An engine stream: ``items``, ``gap_s`` apart; records how it ended."""
+    try:
+        for item in items:
+            await asyncio.sleep(gap_s)
+            yield item
+        closed.append("finished")
+    except asyncio.CancelledError:
+        closed.append("cancelled")
+        raise
+    except GeneratorExit:
+        closed.append("closed")
+        raise
+
+
+async def collect(stream: AsyncIterator) -> list:
+    return [item async for item in stream]
+
+
+def test_heartbeats_come_first_and_fill_the_gaps() -> None:
+    closed: list[str] = []
+    out = asyncio.run(collect(with_heartbeats(slow(["a", "b"], 0.25, closed), every_s=0.1)))
+    assert out[0] == HEARTBEAT and [x for x in out if x != HEARTBEAT] == ["a", "b"]
+    assert 2 <= out.count(HEARTBEAT) - 1 <= 6 and closed == ["finished"]
+
+
+def test_a_fast_stream_gets_one_heartbeat_only() -> None:
+    out = asyncio.run(collect(with_heartbeats(slow(["a", "b", "c"], 0.0, []), every_s=1.0)))
+    assert out == [HEARTBEAT, "a", "b", "c"]
+
+
+def test_a_slow_but_alive_replica_is_not_stalled() -> None:
+    """Gaps of 0.5 s between items, a stall deadline of 0.3 s: heartbeats every 0.06 s keep it alive."""
+
+    async def run() -> list:
+        stream = with_heartbeats(slow(["a", "b", "c"], 0.5, []), every_s=0.06)
+        return await collect(without_heartbeats(stream, stall_s=0.3))
+
+    assert asyncio.run(run()) == ["a", "b", "c"]
+
+
+async def accepted_then(items: list[str], gap_s: float, closed: list[str]) -> AsyncIterator[str]:
+    """A replica that took the request (one heartbeat), then answers ``items`` ``gap_s`` apart without heartbeats."""
+    yield HEARTBEAT
+    async for item in slow(items, gap_s, closed):
+        yield item
+
+
+def test_a_silent_replica_is_given_up_on_within_the_deadline() -> None:
+    closed: list[str] = []
+
+    async def run() -> float:
+        started = time.monotonic()
+        with pytest.raises(ReplicaStalled, match="0.2 s"):
+            # what the ingress sees of a replica whose node was lost after it took the request
+            await collect(without_heartbeats(accepted_then(["a"], 60.0, closed), stall_s=0.2))
+        return time.monotonic() - started
+
+    assert asyncio.run(run()) < 1.0
+    assert closed == ["cancelled"]  # the pending read was cancelled: Serve cancels the request
+
+
+def test_a_request_waiting_for_a_replica_has_no_stall_deadline() -> None:
+    """Before the first heartbeat the request may be queued for a free replica: back-pressure, not a loss."""
+
+    async def queued() -> AsyncIterator[str]:
+        await asyncio.sleep(0.5)  # longer than the stall deadline, in Serve's queue
+        yield HEARTBEAT
+        yield "a"
+
+    assert asyncio.run(collect(without_heartbeats(queued(), stall_s=0.2))) == ["a"]
+
+
+def test_closing_the_heartbeat_stream_aborts_the_engine_stream() -> None:
+    """A client that goes away closes the replica's generator: the engine's request must end too."""
+    closed: list[str] = []
+
+    async def run() -> None:
+        stream = with_heartbeats(slow(["a", "b"], 10.0, closed), every_s=0.05)
+        assert await anext(stream) == HEARTBEAT
+        assert await anext(stream) == HEARTBEAT  # the engine is still on its first item
+        await stream.aclose()
+
+    asyncio.run(run())
+    assert closed == ["cancelled"]
+
+
+def test_items_that_look_like_text_pass_through() -> None:
+    """Only the exact heartbeat is dropped: stream chunks (strings, lists) and responses are not."""
+
+    async def source() -> AsyncIterator:
+        for item in [HEARTBEAT, "data: {}\n\n", [HEARTBEAT, "x"], {"id": 1}, HEARTBEAT]:
+            yield item
+
+    assert asyncio.run(collect(without_heartbeats(source(), stall_s=1.0))) == ["data: {}\n\n", [HEARTBEAT, "x"], {"id": 1}]
