@@ -1,6 +1,6 @@
 """The GPU runbook's commands stay runnable: every step parses with its tool's own parser; the sim-vs-engine table.
 
-The engine tier runs the same runbook end to end on the CPU (``tests/engine/test_gpu_runbook.py``).
+The engine tier runs the same runbook end to end on the CPU (``tests/engine/test_gpu_runbook_engine.py``).
 """
 
 from __future__ import annotations
