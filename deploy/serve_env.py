@@ -14,15 +14,17 @@ and two replica event loops in threads of their own; these settings halve the se
 plane's CPU per output token (2.0 -> 0.93 CPU-s per 1,000 output tokens, with Ray Serve LLM's
 own app as the baseline), and no behaviour of the API changes.
 
-HAProxy adds two listening ports on every interface: its stats page (8404) and its metrics
-(9101). A second ``ebplus serve`` on the same host needs other ones
-(``RAY_SERVE_HAPROXY_STATS_PORT``, ``RAY_SERVE_HAPROXY_METRICS_PORT``) or
-``RAY_SERVE_ENABLE_HA_PROXY=0``.
+HAProxy adds two listening ports on every interface, its stats page and its metrics, which
+Ray Serve fixes at 8404 and 9101: a second ``ebplus serve`` on the host, or an HAProxy a killed
+deployment left behind, made the next start fail (``cannot bind socket ... 0.0.0.0:9101``, the
+e2e tier's second deployment). Unless ``RAY_SERVE_HAPROXY_STATS_PORT`` /
+``RAY_SERVE_HAPROXY_METRICS_PORT`` are set, each start takes free ports for them.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import MutableMapping
 
 #: Variable -> value; see the module docstring for how they are applied.
@@ -42,9 +44,28 @@ SERVE_ENV: dict[str, str] = {
 }
 
 
+#: HAProxy's own listeners, fixed by Ray Serve unless set (see the module docstring).
+HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+
+
+def free_port() -> int:
+    """A TCP port free on every interface now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("0.0.0.0", 0))
+        return int(sock.getsockname()[1])
+
+
 def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Set :data:`SERVE_ENV` in ``environ`` (default ``os.environ``) where not set; returns what is in effect."""
+    """Set :data:`SERVE_ENV` in ``environ`` (default ``os.environ``) where not set; returns what is in effect.
+
+    With HAProxy on, its stats and metrics ports are set to free ones where not set.
+    """
     environ = os.environ if environ is None else environ
     for key, value in SERVE_ENV.items():
         environ.setdefault(key, value)
-    return {key: environ[key] for key in SERVE_ENV}
+    applied = {key: environ[key] for key in SERVE_ENV}
+    if environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1":
+        for key in HAPROXY_PORTS:
+            environ.setdefault(key, str(free_port()))
+            applied[key] = environ[key]
+    return applied

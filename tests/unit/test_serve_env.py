@@ -10,7 +10,7 @@ def test_defaults_fill_only_what_is_unset() -> None:
     applied = serve_env.apply(env)
     assert applied["RAY_SERVE_ENABLE_HA_PROXY"] == "0"  # turned back by the operator
     assert applied["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
-    assert set(applied) == set(serve_env.SERVE_ENV)
+    assert set(applied) == set(serve_env.SERVE_ENV)  # HAProxy off: no ports of its own
     assert env["PATH"] == "/bin" and all(env[k] == v for k, v in applied.items())
 
 
@@ -22,3 +22,29 @@ def test_every_setting_is_one_ray_serve_reads() -> None:
     source = (Path(ray_dir) / "serve" / "_private" / "constants.py").read_text()
     for key in serve_env.SERVE_ENV:
         assert f'"{key}"' in source, f"{key} is not a Ray Serve setting in this Ray version"
+
+
+def test_haproxy_gets_free_ports_of_its_own_unless_set() -> None:
+    """Ray Serve fixes HAProxy's stats and metrics ports (8404, 9101): a second deployment on the host
+    could not start. Each start takes free ones; an operator's value wins; HAProxy off: none set."""
+    import socket
+
+    env: dict[str, str] = {}
+    applied = serve_env.apply(env)
+    ports = [int(applied[key]) for key in serve_env.HAPROXY_PORTS]
+    assert all(p not in (8404, 9101) and p > 0 for p in ports)
+    for port in ports:  # free now: this process can listen there
+        with socket.socket() as sock:
+            sock.bind(("0.0.0.0", port))
+    pinned = serve_env.apply({"RAY_SERVE_HAPROXY_STATS_PORT": "18404"})
+    assert pinned["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
+    off = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    serve_env.apply(off)
+    assert not set(serve_env.HAPROXY_PORTS) & set(off)
+    source_keys = serve_env.HAPROXY_PORTS
+    import importlib.util
+    from pathlib import Path
+
+    ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]
+    source = (Path(ray_dir) / "serve" / "_private" / "constants.py").read_text()
+    assert all(f'"{key}"' in source for key in source_keys)
