@@ -243,3 +243,8 @@ def test_cost_model_rejects_a_curve_that_dips_below_zero_between_samples() -> No
     assert all(theory.beta_mb(r, dip) >= 0 for r in (0.0, 0.5, 1.0))
     with pytest.raises(ValueError, match=r"beta_mb\(r\) must be >= 0 on \[0, 1\]; -1e-06 at r=0.25"):
         CostModel(alpha_p=1e-3, beta_p=1e-5, alpha_d=1e-3, beta_d=1e-5, beta_mb=dip)
+
+
+def test_theta0_of_a_decode_step_priced_near_zero_is_near_one_not_an_error() -> None:
+    """A cost fit at its floor (alpha_d ~ 1e-9 s) must not make a re-plan raise: theta0 -> 1."""
+    assert 0.999 < theory.theta0(0.02, 0.05, 7.5e-10) < 1.0
