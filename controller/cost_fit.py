@@ -19,6 +19,18 @@ from ebplus.controller.cost_model import CostModel
 from ebplus.controller.messages import StepKind, StepRecord
 from ebplus.controller.pieces import Pieces
 
+#: A fitted fixed cost per step may not fall below this fraction of the median step time of its
+#: kind. Every step pays for a launch, a sampler pass and the scheduler; a fit that drives the
+#: intercept to zero (steps of nearly one size, or a burst of cheap ones) is the regression's edge,
+#: not the hardware, and the closed forms divide by it (theta0's c = alpha_p / alpha_d ran to 1e6
+#: after a controller restart). Relative to the data, not the prior: a prior from another device
+#: may be off by orders of magnitude.
+ALPHA_FLOOR = 0.01
+
+
+def _alpha_floor(seconds: np.ndarray) -> float:
+    return max(1e-9, ALPHA_FLOOR * float(np.median(seconds)))
+
 
 def robust_linear_fit(
     design: np.ndarray,
@@ -251,7 +263,7 @@ class CostModelFitter:
             return default, False
         design = np.column_stack([np.ones_like(n), n])
         sd = self._sd(default, 0.0)
-        alpha, beta = yield from robust_linear_fit_pieces(design, t, lower=(1e-9, 0.0), prior=default, prior_sd=sd)
+        alpha, beta = yield from robust_linear_fit_pieces(design, t, lower=(_alpha_floor(t), 0.0), prior=default, prior_sd=sd)
         return (float(alpha), float(beta)), True
 
     def _fit_decode(self) -> Pieces[tuple[tuple[float, float, float], bool]]:
@@ -269,11 +281,11 @@ class CostModelFitter:
             design = np.column_stack([np.ones_like(n), n, kv])
             sd = self._sd(default, 0.0)
             sd[2] = self.prior_sd * max(prior.beta_kv, 1e-3 * prior.beta_d, 1e-12)
-            a, b, k = yield from robust_linear_fit_pieces(design, t, lower=(1e-9, 0.0, 0.0), prior=default, prior_sd=sd)
+            a, b, k = yield from robust_linear_fit_pieces(design, t, lower=(_alpha_floor(t), 0.0, 0.0), prior=default, prior_sd=sd)
             return (float(a), float(b), float(k)), True
         design = np.column_stack([np.ones_like(n), n])
         sd2 = self._sd(default[:2], 0.0)
-        a, b = yield from robust_linear_fit_pieces(design, t, lower=(1e-9, 0.0), prior=default[:2], prior_sd=sd2)
+        a, b = yield from robust_linear_fit_pieces(design, t, lower=(_alpha_floor(t), 0.0), prior=default[:2], prior_sd=sd2)
         return (float(a), float(b), 0.0), True
 
     def fit(self) -> CostFit:
@@ -298,7 +310,7 @@ class CostModelFitter:
                 pri = (prior.alpha_mixed, *prior.beta_mb)
                 sd = self._sd(pri, 0.0)
                 sd[1:] = self._sd(prior.beta_mb, 0.25 * max(abs(x) for x in prior.beta_mb))
-                lower = (1e-9, -np.inf, -np.inf, 0.0)
+                lower = (_alpha_floor(t), -np.inf, -np.inf, 0.0)
                 a0, a, b, c = yield from robust_linear_fit_pieces(design, t, lower=lower, prior=pri, prior_sd=sd)
                 candidate = (float(a), float(b), float(c))
                 # keep the fit only if it is a usable cost curve: >= 0 on all of [0, 1],

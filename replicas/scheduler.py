@@ -60,7 +60,7 @@ from ebplus.controller.messages import (
     encode,
 )
 from ebplus.replicas import settings
-from ebplus.replicas.compat import check_vllm_version
+from ebplus.replicas.compat import check_api_servers, check_vllm_version
 from ebplus.replicas.control import install_engine_utility
 from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
 from ebplus.replicas.recorder import TelemetryRecorder, TokenTimes
@@ -99,6 +99,7 @@ class EBPlusScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_vllm_version()
         super().__init__(*args, **kwargs)
+        check_api_servers(int(getattr(self.vllm_config.parallel_config, "_api_process_count", 1) or 1))
         self.max_num_seqs = self.max_num_running_reqs  # start-up cap: N may only lower it
         config = settings.load(self.vllm_config.additional_config)
         try:

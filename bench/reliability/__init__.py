@@ -28,6 +28,7 @@ from ebplus.bench.reliability.deployment import (
     FAULTS_CONFIG,
     Deployment,
     attach_deployment,
+    deployed,
     start_deployment,
     stop_deployment,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "Deployment",
     "HarnessError",
     "attach_deployment",
+    "deployed",
     "scenario_back_pressure",
     "scenario_bad_telemetry",
     "scenario_controller_kills",

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +125,17 @@ def start_deployment(
         stop_deployment(dep)
         raise
     return dep
+
+
+@contextlib.contextmanager
+def deployed(config_path: Path, log_path: Path, admin_token: str, api_key: str | None = None, **kwargs) -> Iterator[Deployment]:
+    """:func:`start_deployment` for the length of a ``with`` block (a test module's fixture), stopped at its end
+    whatever happened inside; a deployment that does not start raises :class:`HarnessError` with its log's tail."""
+    dep = start_deployment(config_path, log_path, admin_token, api_key, **kwargs)
+    try:
+        yield dep
+    finally:
+        stop_deployment(dep)
 
 
 def attach_deployment(config_path: Path, log_path: Path, admin_token: str, api_key: str | None, pid: int) -> Deployment:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from observability.prom import prometheus  # noqa: F401  (fixture for the live dashboard test)
 
-from ebplus.bench.reliability import Deployment, HarnessError, start_deployment, stop_deployment
+from ebplus.bench.reliability import Deployment, deployed
 
 CONFIG = Path(__file__).with_name("e2e.yaml")
 ADMIN_TOKEN = "e2e-admin-token"
@@ -20,12 +20,5 @@ ADMIN_TOKEN = "e2e-admin-token"
 
 @pytest.fixture(scope="session")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    try:
-        dep = start_deployment(CONFIG, log_path, ADMIN_TOKEN)
-    except HarnessError as exc:
-        pytest.fail(str(exc))
-    try:
+    with deployed(CONFIG, tmp_path_factory.mktemp("serve") / "serve.log", ADMIN_TOKEN) as dep:
         yield dep
-    finally:
-        stop_deployment(dep)

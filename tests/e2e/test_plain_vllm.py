@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -110,6 +112,9 @@ def server_env(hf_home: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with socket.socket() as probe:  # a server left over from another run would answer for this one
+        if probe.connect_ex(("127.0.0.1", PORT)) == 0:
+            pytest.fail(f"port {PORT} is in use: stop whatever listens there (e.g. a vLLM server of an earlier run)")
     work = tmp_path_factory.mktemp("plain-vllm")
     hf_home, snapshot = hub_home(work / "hf")
     log_path = work / "vllm.log"
@@ -221,31 +226,41 @@ def test_ebplus_metrics_on_vllms_metrics(server: Server) -> None:
     assert samples["ebplus_workload_mu_o_tokens"].value > 0
 
 
+def our_frames(log: str) -> list[str]:
+    """Traceback frames in this repository's code (not in the installed vLLM, Ray, ...)."""
+    files = re.findall(r'File "([^"]+)", line \d+', log)
+    return [f for f in files if f.startswith(str(REPO)) and "site-packages" not in f]
+
+
 def test_stops_cleanly(server: Server) -> None:
+    """SIGTERM: vLLM exits 0 and the plugin's telemetry stops without an error of its own.
+
+    vLLM 0.29 stops its engine core before it cancels its output handler, which then
+    sometimes logs ``AsyncLLM output_handler failed`` with a traceback of vLLM's frames only
+    (the same without the plugin): that is not counted; a frame of this repository's code is.
+    """
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=90) == 0
     log = server.log()
-    assert "telemetry push failed" not in log and "Traceback" not in log
+    assert "telemetry push failed" not in log
+    assert "could not persist the EB+ controller state" not in log
+    assert our_frames(log) == [], log[-6000:]
 
 
-@pytest.mark.skip(reason="not reliable yet: one run refused and exited in 65 s, the next started both API servers "
-                  "without the plugin's check and hung past 400 s (issue 15 note)")
 def test_several_api_servers_are_refused(tmp_path: Path) -> None:
-    """``vllm serve --api-server-count 2``: each API server stops with one line, and ``vllm serve`` exits non-zero.
-
-    vLLM's process manager then reports the API server's exit with a traceback of its own
-    (``Process ApiServer_0 ... died``); no frame of a traceback is in this repository's code.
-    """
+    """``vllm serve --api-server-count 2``: the engine core refuses to start, naming the flag, and
+    ``vllm serve`` exits non-zero (the check runs where vLLM builds the scheduler, so it does not
+    depend on which API server process gets to the plugin's own check first)."""
     hf_home, _ = hub_home(tmp_path / "hf")
     command = [sys.executable, "-c", VLLM_SERVE, "--model", MODEL, "--host", "127.0.0.1", "--port", str(PORT + 1),
                "--api-server-count", "2", *ENGINE_ARGS]  # fmt: skip
+    started = time.monotonic()
     proc = subprocess.run(command, env=server_env(hf_home), capture_output=True, text=True, timeout=400, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
-    assert "EB+ plugin: --api-server-count is 2: EB+ runs one controller per engine" in out, out[-4000:]
-    assert "RuntimeError: Process ApiServer_" in out, out[-4000:]
-    ours = [line for line in out.splitlines() if 'File "' in line and str(REPO) in line]
-    assert not ours, out[-4000:]
+    assert "TopologyError: --api-server-count is 2: EB+ runs one controller per engine" in out, out[-4000:]
+    assert "Start vLLM with --api-server-count 1" in out
+    print(f"refused, exit {proc.returncode}, after {time.monotonic() - started:.0f} s")
 
 
 def test_another_vllm_series_is_refused(tmp_path: Path) -> None:

@@ -35,15 +35,8 @@ def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rel.Deployment]
         pid, log = attach.split(":", 1)
         yield rel.attach_deployment(rel.FAULTS_CONFIG, Path(log), ADMIN_TOKEN, API_KEY, int(pid))
         return
-    log_path = tmp_path_factory.mktemp("faults") / "serve.log"
-    try:
-        dep = rel.start_deployment(rel.FAULTS_CONFIG, log_path, ADMIN_TOKEN, API_KEY)
-    except rel.HarnessError as exc:
-        pytest.fail(str(exc))
-    try:
+    with rel.deployed(rel.FAULTS_CONFIG, tmp_path_factory.mktemp("faults") / "serve.log", ADMIN_TOKEN, API_KEY) as dep:
         yield dep
-    finally:
-        rel.stop_deployment(dep)
 
 
 @pytest.fixture(scope="module")

@@ -45,14 +45,8 @@ def local() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def dep(local: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rel.Deployment]:
     log_path = tmp_path_factory.mktemp("scaleout") / "serve.log"
-    try:
-        deployment = rel.start_deployment(MULTINODE_CONFIG, log_path, ADMIN_TOKEN, ray_address=local.address)
-    except rel.HarnessError as exc:
-        pytest.fail(str(exc))
-    try:
+    with rel.deployed(MULTINODE_CONFIG, log_path, ADMIN_TOKEN, ray_address=local.address) as deployment:
         yield deployment
-    finally:
-        rel.stop_deployment(deployment)
 
 
 @pytest.fixture(scope="module")

@@ -123,3 +123,19 @@ def test_cost_fit_from_a_prior_with_zero_coefficients() -> None:
     assert {"prefill", "decode"} <= set(fit.fitted)
     m = fit.model
     assert all(np.isfinite(x) for x in (m.alpha_p, m.beta_p, m.alpha_d, m.beta_d, m.beta_kv))
+
+
+def test_a_fixed_cost_fitted_to_zero_stops_at_the_floor() -> None:
+    """Steps whose time is all per-token (no intercept in the data) leave alpha at 1% of the median
+    step, not at the solver's edge: the closed forms divide by it (theory.theta0's c)."""
+    from ebplus.controller.cost_fit import ALPHA_FLOOR
+
+    fitter = CostModelFitter(TRUE, window=512, min_steps=20)
+    sizes = np.arange(1, 257)
+    for n in sizes:
+        fitter.observe_step(0, int(n), 4e-5 * float(n))
+        fitter.observe_step(int(16 * n), 0, 3e-6 * 16 * float(n))
+    m = fitter.fit().model
+    assert m.alpha_d == pytest.approx(ALPHA_FLOOR * float(np.median(4e-5 * sizes)), rel=0.05)
+    assert m.alpha_p == pytest.approx(ALPHA_FLOOR * float(np.median(3e-6 * 16 * sizes)), rel=0.05)
+    assert m.alpha_p / m.alpha_d < 1e3

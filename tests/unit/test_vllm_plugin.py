@@ -110,6 +110,16 @@ def test_the_checked_series_is_the_one_pyproject_pins() -> None:
     assert len(pins) == 2 and all(compat.series(pin) == compat.SUPPORTED_SERIES for pin in pins), pins
 
 
+@pytest.mark.parametrize("count", [1, 2, 8])
+def test_the_engine_refuses_several_api_servers(count: int) -> None:
+    """The scheduler's own check (run in the engine core, before any API server serves)."""
+    if count == 1:
+        compat.check_api_servers(count)
+        return
+    with pytest.raises(compat.TopologyError, match=rf"^--api-server-count is {count}: .* --api-server-count 1"):
+        compat.check_api_servers(count)
+
+
 def vllm_config(api_processes: int = 1, data_parallel: int = 1) -> SimpleNamespace:
     """The two fields of vLLM's ParallelConfig the topology check reads."""
     return SimpleNamespace(
