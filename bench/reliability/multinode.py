@@ -32,7 +32,7 @@ ROLLOUTS = (
             "autoscaling": {
                 "min_replicas": 2,
                 "max_replicas": 3,
-                "target_ongoing_requests": 3,
+                "target_ongoing_requests": 2,
                 "upscale_delay_s": 3,
                 "downscale_delay_s": 15,
                 "metrics_interval_s": 1,

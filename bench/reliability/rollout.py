@@ -70,7 +70,7 @@ def scenario_autoscale(
     cluster: Cluster,
     *,
     low_rate: float = 0.5,
-    high_rate: float = 6.0,
+    high_rate: float = 8.0,
     max_tokens: int = 48,
     timeout_s: float = 600.0,
 ) -> dict:
