@@ -37,7 +37,7 @@ from pathlib import Path
 from ebplus.bench import reliability as rel
 from ebplus.bench.outputs import SUMMARY_DIR, raw_path
 from ebplus.bench.reliability import nodeloss, rollout
-from ebplus.bench.reliability.multinode import MULTINODE_CONFIG, WORKER, rollout_config, start_cluster
+from ebplus.bench.reliability.multinode import MULTINODE_CONFIG, rollout_config, start_cluster
 from ebplus.deploy.config import load_config
 
 TARGETS = ("controller", "replica")
@@ -194,12 +194,13 @@ def main(argv: list[str] | None = None) -> int:
                 for i in range(1, args.rollouts + 1):
                     config = rollout_config(work, i)
                     results["rolling_updates"].append(
-                        step(f"rolling update {i}/{args.rollouts}", lambda c=config: rollout.scenario_rolling_update(dep, cluster, c))
+                        step(
+                            f"rolling update {i}/{args.rollouts}",
+                            lambda c=config: rollout.scenario_rolling_update(dep, cluster, c, local),
+                        )
                     )
                     dep.config = load_config(config)
                     if i == 1 and dep.config.replicas.autoscaling is not None:
-                        auto = dep.config.replicas.autoscaling
-                        rollout.ensure_nodes(local, "ebplus-replica", auto.max_replicas, WORKER)
                         results["autoscale"] = step("autoscaling cycle", lambda: rollout.scenario_autoscale(dep, cluster))
                 results["controller_upgrade"] = step(
                     "controller upgrade onto the previous release's state", lambda: rollout.scenario_controller_upgrade(dep, cluster)

@@ -31,6 +31,7 @@ from ebplus.bench.reliability.fleet import healthy_fleet
 from ebplus.bench.reliability.load import BackgroundLoad, LoadResult
 from ebplus.bench.reliability.nodes import LocalCluster, NodeSpec
 from ebplus.bench.reliability.waiting import HarnessError, wait_until
+from ebplus.deploy.config import load_config
 
 #: What the previous release's controller persisted (``tests/data/make_controller_state.py`` wrote it with that code).
 PREVIOUS_STATE = ROOT / "tests" / "data" / "controller-state-b0f895d.json"
@@ -54,9 +55,14 @@ def thresholds_at(history: list[dict], version: int) -> dict[str, list]:
     return {rid: plan for rid, (_, plan) in out.items()}
 
 
-def ensure_nodes(local: LocalCluster, resource: str, count: int, template: NodeSpec) -> list[str]:
-    """Worker nodes with ``resource`` up to ``count``, adding copies of ``template`` (KubeRay's autoscaler's part)."""
+def ensure_nodes(local: LocalCluster, resource: str, count: int, template: NodeSpec | None = None) -> list[str]:
+    """Worker nodes with ``resource`` up to ``count``, adding copies of ``template`` (default: of a node that
+    has the resource) - KubeRay's autoscaler's part."""
     have = [n for n, live in local.nodes.items() if resource in live.spec.resources]
+    if template is None:
+        if not have:
+            raise HarnessError(f"no node has {resource!r} to copy")
+        template = local.nodes[have[0]].spec
     added = []
     for i in range(count - len(have)):
         name = f"{template.name}-{len(local.nodes) + i}"
@@ -160,9 +166,24 @@ def ebplus_deploy(dep: Deployment, config_path: Path, timeout_s: float = 900) ->
 
 
 def scenario_rolling_update(
-    dep: Deployment, cluster: Cluster, config_path: Path, *, rate_per_s: float = 2.0, max_tokens: int = 32
+    dep: Deployment,
+    cluster: Cluster,
+    config_path: Path,
+    local: LocalCluster,
+    *,
+    rate_per_s: float = 2.0,
+    max_tokens: int = 32,
 ) -> dict:
-    """``ebplus deploy`` of ``config_path`` under open-loop load: every replica replaced, none of the requests failed."""
+    """``ebplus deploy`` of ``config_path`` under open-loop load: every replica replaced, none of the requests failed.
+
+    A config that switches autoscaling on first gets nodes for its ``max_replicas`` (the cluster
+    autoscaler's part): with a replica out during the update the queue grows and Serve may ask
+    for more, and a replica that cannot be placed and is then scaled away stays STOPPING in
+    Ray Serve 2.60, holding the application in DEPLOYING (seen here, with 2 nodes for 3 replicas).
+    """
+    auto = load_config(config_path).replicas.autoscaling
+    if auto is not None:
+        ensure_nodes(local, "ebplus-replica", auto.max_replicas)
     replicas = cluster.running_replicas()
     snap0 = healthy_fleet(dep, cluster, replicas)
     ping0 = cluster.ping()
