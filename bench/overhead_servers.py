@@ -216,7 +216,16 @@ def start_vllm_plugin(ctx: Context) -> Running:
     """(e) vLLM's OpenAI server with EB+'s plugins: our scheduler, mode mb, controller in the API server."""
     from ebplus.replicas.settings import SCHEDULER_CLS
 
-    extra = {"ebplus": {"scheduler": {"mode": "mb"}, "replicas": {"profile": ctx.config.replicas.profile}}}
+    # The EB+ settings (c) runs with, less what only a Ray deployment has: the same controller
+    # tuning (deploy/local.yaml sets planner.min_concurrency for a CPU replica) and cost profile.
+    cfg = ctx.config
+    extra = {
+        "ebplus": {
+            "scheduler": {"mode": "mb"},
+            "controller": cfg.controller.model_dump(mode="json", exclude_unset=True),
+            "replicas": {"profile": cfg.replicas.profile},
+        }
+    }
     flags = ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(extra)]
     log_path = ctx.workdir / "vllm-plugin.log"
     env = {**engine_env(ctx.config), "VLLM_PLUGINS": "ebplus", **ctx.env}
