@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     with start_cluster(token) as local:
         dep = rel.start_deployment(MULTINODE_CONFIG, work / "serve.log", token, ray_address=local.address)
         try:
-            with rel.Cluster(dep) as cluster:
+            with rel.Cluster(dep, auth_mode=local.AUTH_MODE) as cluster:
                 results["node_kills"] = [
                     step(
                         f"node loss {i + 1}/{args.kills} ({TARGETS[i % 2]}'s node)",

@@ -27,23 +27,42 @@ from ebplus.bench.reliability.deployment import Deployment
 from ebplus.bench.reliability.waiting import HarnessError, wait_until
 
 
+def _set_auth_mode(mode: str | None) -> None:
+    """``RAY_AUTH_MODE`` for this process's next Ray connection (unset: Ray's default)."""
+    if mode is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = mode
+    from ray._raylet import Config
+
+    Config.initialize("")  # the C++ config was read at import: read it again
+
+
 class Cluster:
     """A Ray driver attached to the deployment's cluster, for fault injection and replica introspection."""
 
-    def __init__(self, dep: Deployment) -> None:
+    def __init__(self, dep: Deployment, auth_mode: str | None = None) -> None:
+        """``auth_mode``: the cluster's Ray authentication (``RAY_AUTH_MODE``); ``None`` for a cluster
+        that ``ebplus serve`` started on this machine (this process's ``RAY_AUTH_MODE`` if set, else
+        token mode when Ray's token file exists)."""
         self.dep = dep
         self.namespace = dep.config.ray.namespace
+        self.auth_mode = auth_mode
+        self._saved_auth: str | None = None
 
     def __enter__(self) -> Cluster:
         import ray
 
         # NOTE: a local `ray.init()` turns on Ray's token authentication and keeps the
         # token in ~/.ray/auth_token; a driver joining by address must opt in to send it.
-        if "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").exists():
-            os.environ["RAY_AUTH_MODE"] = "token"
-            from ray._raylet import Config
-
-            Config.initialize("")  # the C++ config was read at import: read it again
+        # The driver's mode must be the cluster's both ways: in token mode its own RPC
+        # server refuses the raylets' token-less calls, and an object it owns that lives
+        # in another node's store (a large actor reply) then fails with OwnerDiedError.
+        self._saved_auth = os.environ.get("RAY_AUTH_MODE")
+        mode = self.auth_mode or self._saved_auth
+        if mode is None and (Path.home() / ".ray" / "auth_token").exists():
+            mode = "token"
+        _set_auth_mode(mode)
         ray.init(address=self.dep.ray_address, namespace=self.namespace, log_to_driver=False)
         return self
 
@@ -51,6 +70,7 @@ class Cluster:
         import ray
 
         ray.shutdown()
+        _set_auth_mode(self._saved_auth)
 
     # -- the controller ----------------------------------------------------------
 

@@ -74,6 +74,10 @@ class LocalCluster:
             gets them from a Secret; Serve's actors inherit them from their node).
     """
 
+    #: Ray authentication of every node (``RAY_AUTH_MODE``); a driver joining must use the same
+    #: (:class:`ebplus.bench.reliability.cluster.Cluster`'s ``auth_mode``).
+    AUTH_MODE = "disabled"
+
     def __init__(
         self,
         head: NodeSpec,
@@ -112,7 +116,7 @@ class LocalCluster:
         process turns it on to join clusters that use it) refuses the GCS's calls to a
         head started without it, and a lost node's replacement would never take work.
         """
-        wanted = {**self.env, "RAY_TMPDIR": str(self.tmpdir), "RAY_AUTH_MODE": "disabled"}
+        wanted = {**self.env, "RAY_TMPDIR": str(self.tmpdir), "RAY_AUTH_MODE": self.AUTH_MODE}
         saved = {name: os.environ.get(name) for name in wanted}
         os.environ.update(wanted)
         try:

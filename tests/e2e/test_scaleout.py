@@ -51,7 +51,7 @@ def dep(local: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def cluster(dep: rel.Deployment) -> Iterator[rel.Cluster]:
-    with rel.Cluster(dep) as c:
+    with rel.Cluster(dep, auth_mode=LocalCluster.AUTH_MODE) as c:
         yield c
 
 
@@ -64,7 +64,7 @@ def test_losing_the_controllers_node_under_load(dep: rel.Deployment, cluster: re
     """The worker node holding the controller and a replica is killed: requests in flight there end with a
     clear error within 30 s, the others succeed, nothing is cut silently; the controller comes back with its
     state, Serve runs a replacement, the fleet converges."""
-    out = nodeloss.scenario_node_loss(dep, cluster, local, target="controller", rate_per_s=3.0, load_s=60.0)
+    out = nodeloss.scenario_node_loss(dep, cluster, local, target="controller", rate_per_s=2.0, load_s=60.0)
     show("node loss", out)
     assert out["lost"]["controller"] and out["lost"]["replicas"], out["lost"]  # both kinds of loss in one kill
     assert out["silently_truncated"] == 0, out["failed_in_flight_on_lost_node"]
