@@ -188,7 +188,7 @@ def deploy_app(
     def log(message: str) -> None:
         print(f"[{tag}] {message}", flush=True)
 
-    serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
+    serve.start(proxy_location=cfg.http.proxy_location, http_options={"host": cfg.http.host, "port": cfg.http.port})
     limit = f"limit {timeout_s:.0f} s, --deploy-timeout" if timeout_s else "no time limit"
     replicas = (
         f"{cfg.replicas.num_replicas} replica(s)"

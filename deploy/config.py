@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -65,6 +65,13 @@ class HttpSection(_Section):
 
     host: str = Field("127.0.0.1", description="Address the HTTP proxy binds.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the OpenAI API, /admin and /metrics.")
+    proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field(
+        "EveryNode",
+        description="Where Ray Serve runs its HTTP proxies: on every node (with a load balancer in front that "
+        "follows their health checks, as KubeRay's serve Service does), on the head only, or nowhere. Several "
+        "raylets on one machine share one address and port: use HeadOnly there, since the kernel spreads "
+        "connections over all of them, a proxy Serve is draining included.",
+    )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies are refused with 413.")
     ingress_replicas: int = Field(1, ge=1, description="Replicas of the HTTP ingress deployment.")
     ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per ingress replica.")
