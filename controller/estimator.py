@@ -362,7 +362,7 @@ class WorkloadEstimator:
             return None
         sample = yield from self.sample_pieces()
         yield
-        fit = departures.fit(sample)
+        fit = yield from departures.fit_pieces(sample)
         prompt = float(np.mean(self._inputs))
         computed = prompt - float(np.mean(self._cached))
         if fit.model == "linear-hazard" and fit.gof <= GOF_LIMIT and fit.capped_share <= CAPPED_LIMIT:

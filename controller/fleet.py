@@ -459,6 +459,7 @@ class FleetController:
         if refit or replica.cost is None:
             replica.cost = (yield from replica.fitter.fit_pieces()) if fine else replica.fitter.fit()
             replica.fitted_steps, replica.fitted_at = replica.steps_seen, self.updates
+            yield  # the fit's last pass and the plan are a piece each
         return replica.planner.plan(
             estimate,
             replica.cost.model,

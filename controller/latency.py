@@ -183,7 +183,8 @@ def choose_k(
     ks = sorted({int(k) for k in grid} | {k_star})
     bounds = {k: prefill_bound(cost, k, n, mu_l, budget, slo, cycle_s) for k in ks}
     base = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o)
-    tps = {k: theory.tp_eb(k, n, *base, bounds[k].step_budget(budget), cycle_s) for k in ks}
+    tps = dict(zip(ks, theory.tp_eb_many(ks, n, *base, [bounds[k].step_budget(budget) for k in ks], cycle_s),
+                   strict=True))  # fmt: skip
     best = max(tps.values())
     tolerated = [k for k in ks if tps[k] >= (1.0 - slo.tolerance) * best]
 

@@ -326,21 +326,46 @@ def tp_eb(
     (and with ``mu_O`` for ``mu_d``) this is the paper's formula. ``cycle_s``: seconds a
     cycle costs beyond its steps (a phase-switch cost the controller measured).
     """
+    return tp_eb_many([k], n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o, [budget], cycle_s)[0]
+
+
+def tp_eb_many(
+    ks: Sequence[int],
+    n: int,
+    alpha_p: float,
+    alpha_d: float,
+    beta_p: float,
+    beta_d: float,
+    mu_l: float,
+    mu_o: float,
+    budgets: Sequence[float | None],
+    cycle_s: float = 0.0,
+) -> list[float]:
+    """:func:`tp_eb` at each threshold of ``ks`` (with its step budget of ``budgets``), the arguments they
+    share checked once: the latency rule (:func:`ebplus.controller.latency.choose_k`) prices ~50 thresholds
+    a plan, and checking the same eight arguments for each was most of a replica's re-plan. The same
+    arithmetic, in the same order, as one :func:`tp_eb` call per threshold: the same floats."""
     n = int_at_least("n", n, 2)
-    k = int_at_least("k", k, 1)
-    if k >= n:
-        raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
+    checked = []
+    for k in ks:
+        k = int_at_least("k", k, 1)
+        if k >= n:
+            raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
+        checked.append(k)
     alpha_p = _positive("alpha_p", alpha_p)
     alpha_d = _positive("alpha_d", alpha_d)
     beta_p = _non_negative("beta_p", beta_p)
     beta_d = _non_negative("beta_d", beta_d)
     mu_l = _positive("mu_l", mu_l)
     mu_o = _positive("mu_o", mu_o)
-    mu_d = mu_o if budget is None else max(mu_o - 1.0, 1e-9)
-    steps = _prefill_steps(k * mu_l, budget)
-    fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * math.log1p(-k / n)
-    per_request = fixed / k + beta_p * mu_l + beta_d * mu_d
-    return 1.0 / per_request
+    out = []
+    for k, budget in zip(checked, budgets, strict=True):
+        mu_d = mu_o if budget is None else max(mu_o - 1.0, 1e-9)
+        steps = _prefill_steps(k * mu_l, budget)
+        fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * math.log1p(-k / n)
+        per_request = fixed / k + beta_p * mu_l + beta_d * mu_d
+        out.append(1.0 / per_request)
+    return out
 
 
 @dataclass(frozen=True)
