@@ -106,7 +106,11 @@ def scenario_autoscale(
         t_low = time.monotonic()
         wait_until(f"Serve to scale down to {lo} replicas", lambda: cluster.running_replicas() == lo, timeout_s, every_s=0.5)
         marks["scaled_down_s"] = time.monotonic() - t_low
-        removed = sorted(set(snap_up["replicas"]) - set(cluster.replica_actors()))
+        removed = wait_until(  # Serve counts a replica out when it starts draining; its actor goes after
+            "the scaled-down replica's actor to stop",
+            lambda: sorted(set(snap_up["replicas"]) - set(cluster.replica_actors())),
+            timeout_s=dep.config.replicas.graceful_shutdown_timeout_s + 60,
+        )
         wait_until(
             "the controller to forget the removed replicas",
             lambda: not set(removed) & set(cluster.snapshot()["replicas"]),
