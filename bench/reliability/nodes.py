@@ -62,6 +62,12 @@ class KilledNode:
     at: float  # time.monotonic() of the kill
 
 
+#: Tries to start the cluster. A raylet that cannot register with the GCS within Ray's 30 s (the
+#: machine still busy with the previous deployment's shutdown, 2 cores) fails the start with
+#: "timed out during startup"; the next try, on a quieter machine, starts.
+START_ATTEMPTS = 3
+
+
 class LocalCluster:
     """Head and worker raylets on this machine.
 
@@ -101,8 +107,19 @@ class LocalCluster:
     # -- lifecycle ---------------------------------------------------------------
 
     def __enter__(self) -> LocalCluster:
-        self.start()
-        return self
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self.start()
+                return self
+            except Exception as exc:  # Ray raises a bare Exception when a node does not come up
+                with contextlib.suppress(Exception):
+                    self.shutdown()  # a head left running would hold ports and cores for the next try
+                if attempt == START_ATTEMPTS or "timed out during startup" not in str(exc):
+                    raise
+                print(f"[cluster] a node did not start in time ({exc}); starting again ({attempt + 1} of "
+                      f"{START_ATTEMPTS})", flush=True)  # fmt: skip
+                time.sleep(5)
+        raise AssertionError("unreachable")
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
@@ -191,10 +208,12 @@ class LocalCluster:
     def shutdown(self) -> None:
         if self._cluster is None:
             return
-        with self._node_env():
-            self._cluster.shutdown()
-        self._cluster = None
-        self.nodes.clear()
+        try:
+            with self._node_env():
+                self._cluster.shutdown()
+        finally:
+            self._cluster = None
+            self.nodes.clear()
 
     # -- where things run ------------------------------------------------------------
 
