@@ -80,7 +80,7 @@ PLUGIN_NAME = "ebplus"
 PUSH_TIMEOUT_S = 2.0
 
 #: ``replicas.*`` keys that mean something under plain vLLM (the others size a Ray deployment).
-REPLICA_KEYS = frozenset({"profile", "profiles", "telemetry_interval_s", "telemetry_buffer"})
+REPLICA_KEYS = frozenset({"profile", "profiles", "telemetry_interval_s", "telemetry_buffer", "telemetry_sampling"})
 
 
 class PluginError(RuntimeError):
@@ -100,7 +100,7 @@ class PluginSettings(settings.EngineSettings):
     auth: AuthSection = Field(default_factory=AuthSection, description="Where the admin token comes from.")
     replicas: ReplicaSection = Field(
         default_factory=ReplicaSection,
-        description="Only profile, profiles, telemetry_interval_s and telemetry_buffer apply to one vLLM server.",
+        description="Only profile, profiles and the telemetry_* keys apply to one vLLM server.",
     )
 
     @field_validator("replicas")
@@ -204,6 +204,7 @@ class EBPlusRuntime:
             config.scheduler.mode,
             prior=lambda device: prior_for_device(section, device),
             capacity=section.telemetry_buffer,
+            sampling=section.telemetry_sampling.sampling(),
         )
         self.control = EngineControl(engine_client)
         self.engine_stopped = lambda: bool(engine_client.errored)

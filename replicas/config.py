@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ebplus.controller import theory
 from ebplus.controller.config import CustomResources
 from ebplus.controller.messages import Mode, ThresholdUpdate
+from ebplus.replicas.sampling import Sampling
 
 
 class _Section(BaseModel):
@@ -137,6 +138,24 @@ class AutoscalingSection(_Section):
         return self.model_dump(exclude_none=True)
 
 
+class TelemetrySamplingSection(_Section):
+    """The share of its telemetry each replica sends (:mod:`ebplus.replicas.sampling`).
+
+    Below 1 where one controller cannot absorb a whole fleet's telemetry: requests are
+    chosen by admission number and steps by whole engine cycle, so the estimate stays
+    unbiased; its error at each share is measured in docs/benchmarks/controller.md
+    (Telemetry sampling).
+    """
+
+    requests: float = Field(
+        1.0, gt=0, le=1, description="Share of the requests whose completion and running state a replica reports."
+    )
+    steps: float = Field(1.0, gt=0, le=1, description="Share of the engine cycles whose steps a replica reports.")
+
+    def sampling(self) -> Sampling:
+        return Sampling(requests=self.requests, steps=self.steps)
+
+
 class ReplicaSection(_Section):
     """The Ray Serve deployment of vLLM replicas."""
 
@@ -192,6 +211,10 @@ class ReplicaSection(_Section):
     telemetry_interval_s: float = Field(0.5, gt=0, le=60, description="How often a replica pushes telemetry.")
     telemetry_buffer: int = Field(
         16384, ge=64, description="Records buffered per kind; beyond it records are dropped and counted."
+    )
+    telemetry_sampling: TelemetrySamplingSection = Field(
+        default_factory=TelemetrySamplingSection,
+        description="Send a share of the telemetry (1: all): for fleets whose telemetry one controller cannot take.",
     )
 
     @model_validator(mode="after")

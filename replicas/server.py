@@ -53,6 +53,7 @@ class EBPlusServer(LLMServer):
             mode,
             prior=lambda device: prior_for_device(replicas, device),
             capacity=replicas.telemetry_buffer,
+            sampling=replicas.telemetry_sampling.sampling(),
         )
         self._control: EngineControl | None = None
         self._controller = ControllerClient(RayTransport())

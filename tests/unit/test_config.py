@@ -38,6 +38,9 @@ def test_local_is_the_cpu_default() -> None:
         ({"scheduler": {"k": 300}}, "scheduler.k (300) must be <= n (256)"),
         ({"replicas": {"accelerator": "cpu"}}, "engine.cpu_kv_cache_gib is required"),
         ({"engine": {"cpu_kv_cache_gib": 0.25}}, "engine.cpu_kv_cache_gib: must be a whole number of GiB"),
+        ({"replicas": {"telemetry_sampling": {"requests": 0}}}, "replicas.telemetry_sampling.requests: Input should be"),
+        ({"replicas": {"telemetry_sampling": {"steps": 1.5}}}, "replicas.telemetry_sampling.steps: Input should be"),
+        ({"http": {"proxy_location": "Everywhere"}}, "http.proxy_location: Input should be 'EveryNode'"),
     ],
 )
 def test_invalid_configs_name_the_field(data: dict, needle: str) -> None:
@@ -92,3 +95,12 @@ def test_serve_banner_names_the_ray_cluster() -> None:
     cfg = load_config(ROOT / "deploy" / "local.yaml")
     assert "Ray cluster  10.0.0.5:6379" in banner(cfg, "10.0.0.5:6379")
     assert "Ray cluster" not in banner(cfg)
+
+
+def test_telemetry_sampling_reaches_the_pump_as_a_sampling() -> None:
+    """The config's shares are what the replica's and the plugin's pump are built with (1: all)."""
+    from ebplus.replicas.sampling import ALL, Sampling
+
+    assert load_config(ROOT / "deploy" / "local.yaml").replicas.telemetry_sampling.sampling() == ALL
+    cfg = parse_config({"replicas": {"telemetry_sampling": {"requests": 0.25}}}, "x.yaml")
+    assert cfg.replicas.telemetry_sampling.sampling() == Sampling(requests=0.25, steps=1.0)

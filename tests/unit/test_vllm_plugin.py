@@ -31,6 +31,7 @@ from ebplus.deploy.auth import Secret
 from ebplus.deploy.vllm_plugin import PluginError, PluginSettings, load_settings
 from ebplus.replicas import compat
 from ebplus.replicas.control import UTILITY
+from ebplus.replicas.sampling import Sampling
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "plugin-token"
@@ -272,9 +273,12 @@ def test_the_loop_runs_while_the_app_serves_and_stops_with_it(monkeypatch: pytes
     monkeypatch.setattr(vllm_plugin, "prior_for_device", lambda section, device: PRIOR)
     core = EngineCoreStub()
     engine_client = SimpleNamespace(engine_core=core, errored=False)
-    config = load_settings({"ebplus": {"replicas": {"telemetry_interval_s": 0.05}}})
+    config = load_settings(
+        {"ebplus": {"replicas": {"telemetry_interval_s": 0.05, "telemetry_sampling": {"requests": 0.5}}}}
+    )
     plugin = vllm_plugin.EBPlusEndpoint()
     plugin.runtime = vllm_plugin.EBPlusRuntime(engine_client, config, "tiny")
+    assert plugin.runtime.pump.sampler.sampling == Sampling(requests=0.5, steps=1.0)
     app = FastAPI()
     plugin.attach_router(app)
     with TestClient(app):
