@@ -38,6 +38,17 @@ def _set_auth_mode(mode: str | None) -> None:
     Config.initialize("")  # the C++ config was read at import: read it again
 
 
+def _forget_serve_client() -> None:
+    """Drop Ray Serve's cached controller handle. Serve keeps it in the process across
+    ``ray.shutdown()`` and trusts it while the job id matches, and job ids repeat across
+    clusters (this driver is the second job of each deployment's cluster): the previous
+    cluster's handle was taken for the next one's ("Can't find actor ... from a different
+    cluster", seen when the scale-out module ran after the reliability module)."""
+    from ray.serve import context
+
+    context._disconnect()  # Ray 2.60 (pinned): forgets the handle, leaves Serve running
+
+
 class Cluster:
     """A Ray driver attached to the deployment's cluster, for fault injection and replica introspection."""
 
@@ -64,11 +75,13 @@ class Cluster:
             mode = "token"
         _set_auth_mode(mode)
         ray.init(address=self.dep.ray_address, namespace=self.namespace, log_to_driver=False)
+        _forget_serve_client()
         return self
 
     def __exit__(self, *exc: object) -> None:
         import ray
 
+        _forget_serve_client()
         ray.shutdown()
         _set_auth_mode(self._saved_auth)
 
