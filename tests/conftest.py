@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
+
+# One Ray authentication mode for every cluster the suite starts (in this process, in the
+# `ebplus serve` processes it spawns, the multi-node harness's raylets) and every driver it
+# runs. Ray reads it once per process: a driver that joined a token-mode cluster keeps its RPC
+# server in token mode after ray.shutdown(), and later refuses a token-less cluster's raylets
+# (a large actor reply from another node then fails with OwnerDiedError). Set here, before
+# anything imports Ray; a user's own clusters keep Ray's default.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
