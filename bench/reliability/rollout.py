@@ -55,14 +55,12 @@ def thresholds_at(history: list[dict], version: int) -> dict[str, list]:
     return {rid: plan for rid, (_, plan) in out.items()}
 
 
-def ensure_nodes(local: LocalCluster, resource: str, count: int, template: NodeSpec | None = None) -> list[str]:
-    """Worker nodes with ``resource`` up to ``count``, adding copies of ``template`` (default: of a node that
-    has the resource) - KubeRay's autoscaler's part."""
+def ensure_nodes(local: LocalCluster, resource: str, count: int) -> list[str]:
+    """Worker nodes with ``resource`` up to ``count``, adding copies of one that has it (KubeRay's autoscaler's part)."""
     have = [n for n, live in local.nodes.items() if resource in live.spec.resources]
-    if template is None:
-        if not have:
-            raise HarnessError(f"no node has {resource!r} to copy")
-        template = local.nodes[have[0]].spec
+    if not have:
+        raise HarnessError(f"no node has {resource!r} to copy")
+    template = local.nodes[have[0]].spec
     added = []
     for i in range(count - len(have)):
         name = f"{template.name}-{len(local.nodes) + i}"

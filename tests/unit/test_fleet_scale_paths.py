@@ -16,7 +16,7 @@ from collections import Counter, deque
 import msgspec
 import numpy as np
 import pytest
-from factories import PRIOR, batch, registration
+from factories import PRIOR, batch, drive, registration
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -233,15 +233,8 @@ def test_a_fit_in_pieces_is_the_fit_and_bulk_observation_is_per_step_observation
     bulk.observe_records(records)
     reference = one.fit()
     assert bulk.fit() == reference
-    steps = bulk.fit_pieces()
-    count = 0
-    while True:
-        try:
-            next(steps)
-            count += 1
-        except StopIteration as done:
-            assert done.value == reference
-            break
+    value, count = drive(bulk.fit_pieces())
+    assert value == reference
     assert count > 3  # the passes of the three regressions are pieces of their own
 
 

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from factories import batch, registration
+from factories import batch, drive, registration
 
 from ebplus.controller import actor as actor_module
 from ebplus.controller import departures, persistence, pieces, theory
@@ -59,15 +59,8 @@ def test_a_departure_fit_in_pieces_is_the_fit(shift: int) -> None:
     running = rng.random(n) < 0.3
     ages = np.where(running, (rng.random(n) * lengths).astype(np.int64), lengths)
     sample = departures.Sample.of(ages, ~running, weights=np.where(running, 2.0, 1.0), running=running)
-    steps = departures.fit_pieces(sample)
-    count = 0
-    while True:
-        try:
-            next(steps)
-            count += 1
-        except StopIteration as done:
-            assert done.value == departures.fit(sample)
-            break
+    value, count = drive(departures.fit_pieces(sample))
+    assert value == departures.fit(sample)
     assert count >= 3  # each hazard fit, the realized moments and the goodness of fit: a piece each
 
 
@@ -93,14 +86,8 @@ def test_a_snapshot_drops_the_decisions_it_no_longer_needs_a_few_at_a_time() -> 
             steps = [StepRecord(0, 300, 300, 10, 0.01 + 1e-5 * i) for i in range(8)]
             fc.ingest(batch(f"r{r}", comps, steps))
         fc.recompute("periodic")
-        snapshot, held = writer.pieces(fc), []
-        while True:
-            try:
-                next(snapshot)
-                held.append(len(writer._decisions))
-            except StopIteration as done:
-                built = done.value
-                break
+        held: list[int] = []
+        built, _ = drive(writer.pieces(fc), lambda held=held: held.append(len(writer._decisions)))
         assert persistence.parse(json.loads(built)) == persistence.parse(json.loads(fc.state().model_dump_json()))
         assert {id(d) for d in fc.history} == set(writer._decisions)  # what history dropped, the cache did too
         after_peak = held[held.index(max(held)) :]
