@@ -37,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="override model.source (a directory, builtin:smollm2, builtin:tiny)")
     p.add_argument("--name", default=None, help="profile name (default: cpu-<model id> or gpu-<model id>)")
     p.add_argument("--out", type=Path, default=None, help="output YAML (default: controller/profiles/<name>.yaml)")
-    p.add_argument("--rounds", type=_positive_int, default=None, help="measurement rounds (default 3)")
-    p.add_argument("--quick", action="store_true", help="a short plan for smoke tests (one small round)")
+    p.add_argument("--rounds", type=_positive_int, default=None, help="measurement rounds (default 3); up to 2 more, one at a time, while a step kind cannot be fitted")
+    p.add_argument("--quick", action="store_true", help="a short plan for smoke tests (two small rounds)")
     p.add_argument("--steps-out", type=Path, default=None, help="also write the raw step rows (JSON lines)")
     p.set_defaults(run=run_profile)
 

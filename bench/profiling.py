@@ -63,6 +63,11 @@ class ProfilePlan:
     mixed_prompts: Sequence[int] = (8, 32, 128, 512)
     mixed_repeats: int = 2
     seed: int = 0
+    #: rounds added, one at a time, while a step kind still cannot be fitted: the lower envelope
+    #: of a busy machine's steps can leave the mixed fit unusable after the planned rounds (one
+    #: quick profile in six on a 2-core box with a second process busy), and another repeat of
+    #: every shape is what cleans it
+    extra_rounds: int = 2
 
 
 QUICK_PLAN = ProfilePlan(
@@ -169,18 +174,45 @@ def measure(llm: Any, plan: ProfilePlan, log: Callable[[str], None] = lambda _: 
     control.drain()
     out = Measurement(max_num_seqs=n, max_num_batched_tokens=budget)
     start = time.monotonic()
-    for r in range(plan.rounds):
+
+    total = 0
+
+    def one_round(r: int, planned: int) -> list[StepRecord]:
+        nonlocal total
+        rows: list[StepRecord] = []
         for name, part in (("prefill", _prefill_only), ("decode", _decode_only), ("mixed", _mixed)):
             part(d, plan, budget if name == "prefill" else n)
-            out.steps += control.drain().steps
-            log(
-                f"round {r + 1}/{plan.rounds}: {name} steps done ({len(out.steps)} rows, {time.monotonic() - start:.0f} s)"
-            )
+            rows += control.drain().steps
+            log(f"round {r + 1}/{planned}: {name} steps done ({total + len(rows)} rows, {time.monotonic() - start:.0f} s)")
+        total += len(rows)
+        return rows
+
+    out.steps = rounds_until_fitted(one_round, plan, log)
     out.seconds = time.monotonic() - start
     facts = control.drain().facts
     out.kv_capacity_tokens = facts.kv_capacity_tokens
     out.device = facts.device
     return out
+
+
+def rounds_until_fitted(
+    one_round: Callable[[int, int], list[StepRecord]], plan: ProfilePlan, log: Callable[[str], None] = lambda _: None
+) -> list[StepRecord]:
+    """The steps of ``plan.rounds`` rounds, then of one more at a time while :func:`fit_profile`
+    cannot fit every step kind, up to ``plan.extra_rounds`` more: a profile the controller can use
+    rather than an error after minutes of measuring. ``one_round(r, planned)`` runs round ``r``."""
+    steps: list[StepRecord] = []
+    for r in range(plan.rounds):
+        steps += one_round(r, plan.rounds)
+    for extra in range(plan.extra_rounds):
+        try:
+            fit_profile(steps)
+            break
+        except ValueError as exc:
+            planned = plan.rounds + extra + 1
+            log(f"{exc}; measuring one more round ({planned - plan.rounds} of at most {plan.extra_rounds} extra)")
+            steps += one_round(planned - 1, planned)
+    return steps
 
 
 def _data_prior(steps: Sequence[StepRecord]) -> CostModel:

@@ -102,6 +102,42 @@ def test_fit_refuses_missing_step_kinds() -> None:
         profiling.fit_profile(rows)
 
 
+class Rounds:
+    """Profiling rounds as the engine would record them: ``usable`` says which rounds leave a mixed
+    step the fit can use (on a busy machine some do not)."""
+
+    def __init__(self, usable: set[int]) -> None:
+        self.usable, self.ran = usable, []
+
+    def __call__(self, r: int, planned: int) -> list[StepRecord]:
+        self.ran.append((r, planned))
+        rows = synthetic_rows(TRUE, stalled=0.0, seed=r)
+        return rows if r in self.usable else [row for row in rows if not (row.prefill_tokens and row.decode_tokens)]
+
+
+def test_profiling_stops_at_the_planned_rounds_when_every_kind_fits() -> None:
+    rounds = Rounds(usable={0, 1})
+    steps = profiling.rounds_until_fitted(rounds, ProfilePlan(rounds=2, extra_rounds=2))
+    assert rounds.ran == [(0, 2), (1, 2)]
+    assert set(profiling.fit_profile(steps).fitted) == {"prefill", "decode", "mixed"}
+
+
+def test_profiling_adds_rounds_until_the_mixed_steps_fit() -> None:
+    rounds, said = Rounds(usable={3}), []
+    steps = profiling.rounds_until_fitted(rounds, ProfilePlan(rounds=2, extra_rounds=3), said.append)
+    assert rounds.ran == [(0, 2), (1, 2), (2, 3), (3, 4)]  # two extra rounds, the second one fits
+    assert set(profiling.fit_profile(steps).fitted) == {"prefill", "decode", "mixed"}
+    assert len(said) == 2 and "could not fit ['mixed']" in said[0] and "(1 of at most 3 extra)" in said[0]
+
+
+def test_profiling_gives_up_after_its_extra_rounds() -> None:
+    rounds = Rounds(usable=set())
+    steps = profiling.rounds_until_fitted(rounds, ProfilePlan(rounds=1, extra_rounds=2))
+    assert [r for r, _ in rounds.ran] == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"could not fit \['mixed'\]"):
+        profiling.fit_profile(steps)
+
+
 def test_load_config_drops_the_prior_profile_and_overrides_the_model(tmp_path: Path) -> None:
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(
