@@ -19,7 +19,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ class Cluster:
         self.namespace = dep.config.ray.namespace
         self.auth_mode = auth_mode
         self._saved_auth: str | None = None
+        self._handles: dict[str, Any] = {}  # deployment name -> this driver's handle to it
 
     def __enter__(self) -> Cluster:
         import ray
@@ -81,6 +82,13 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         import ray
 
+        # A handle's router pushes metrics from its own thread every second, and after
+        # ray.shutdown() that push's Ray call auto-started a fresh local Ray inside this
+        # process (seen in CI: the next test's engine then ran beside a stray cluster).
+        for handle in self._handles.values():
+            with contextlib.suppress(Exception):
+                handle.shutdown()
+        self._handles.clear()
         _forget_serve_client()
         ray.shutdown()
         _set_auth_mode(self._saved_auth)
@@ -173,16 +181,21 @@ class Cluster:
 
         return self._actor_info(ACTOR_NAME, NAMESPACE)["Address"]["NodeID"]
 
-    def replica_status(self, replicas: int, timeout_s: float = 20.0) -> dict[str, dict]:
-        """``ebplus_status`` of the model replicas, by replica id (calls in pairs until each answered:
-        the router picks the replica; a handle's queue is bounded like any other)."""
+    def replica_status(self, replicas: int, want: Iterable[str] = (), timeout_s: float = 120.0) -> dict[str, dict]:
+        """``ebplus_status`` of the model replicas, by replica id, once ``replicas`` of them and every
+        one in ``want`` answered (or at ``timeout_s``). The router picks the replica, so calls go
+        in threes until each answered; under load a call waits for a free slot like any request
+        (CI: 20 s did not reach a new replica while requests took up to 30 s)."""
         from ray import serve
 
-        handle = serve.get_deployment_handle(self.llm_deployment(), app_name="ebplus")
+        name = self.llm_deployment()
+        if name not in self._handles:
+            self._handles[name] = serve.get_deployment_handle(name, app_name="ebplus")
+        handle, wanted = self._handles[name], set(want)
         out: dict[str, dict] = {}
         deadline = time.monotonic() + timeout_s
-        while len(out) < replicas and time.monotonic() < deadline:
-            for response in [handle.ebplus_status.remote() for _ in range(2)]:
+        while (len(out) < replicas or not wanted <= out.keys()) and time.monotonic() < deadline:
+            for response in [handle.ebplus_status.remote() for _ in range(3)]:
                 with contextlib.suppress(Exception):
                     status = response.result(timeout_s=max(1.0, deadline - time.monotonic()))
                     out[status["replica_id"]] = status

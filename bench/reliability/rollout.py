@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 from ebplus.bench.reliability.cluster import Cluster
@@ -98,7 +99,7 @@ def scenario_autoscale(
         snap_up = healthy_fleet(dep, cluster, hi, timeout_s=120)
         marks["up_converged_s"] = time.monotonic() - t_high
         new = sorted(set(snap_up["replicas"]) - set(snap0["replicas"]))
-        status = cluster.replica_status(hi)
+        status = cluster.replica_status(hi, want=set(new))
         history = json.loads(cluster.call("history"))
         rate[0] = low_rate
         t_low = time.monotonic()
@@ -121,7 +122,9 @@ def scenario_autoscale(
     result = load.join()
     seeded = {}
     for rid in new:
-        first = status.get(rid, {}).get("first_update")
+        if rid not in status:
+            raise HarnessError(f"new replica {rid} did not answer ebplus_status (answered: {sorted(status)})")
+        first = status[rid]["first_update"]
         fleet_then = {} if first is None else thresholds_at(history, first["version"])
         old_plans = [plan for other, plan in fleet_then.items() if other in snap0["replicas"]]
         seeded[rid] = {
@@ -238,6 +241,14 @@ def _controller_log(cluster: Cluster, needle: str) -> str | None:
     return None
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs on this machine (a zombie has stopped running)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _replace_controller(cluster: Cluster, dep: Deployment, state: dict) -> dict:
     """The running controller gone for good, ``state`` in its store, a new controller started as
     ``build()`` starts one on a deploy; returns the new controller's ping."""
@@ -252,6 +263,10 @@ def _replace_controller(cluster: Cluster, dep: Deployment, state: dict) -> dict:
     pid = cluster.ping()["pid"]
     ray.kill(cluster.controller(), no_restart=True)
     wait_until("the old controller to go away", lambda: get_controller() is None, timeout_s=60)
+    # The GCS frees the name before the raylet has killed the process, and a periodic persist
+    # still running there would overwrite the plant (seen: the new controller restored the
+    # live state, not the planted one). Every node of these clusters runs on this machine.
+    wait_until(f"the old controller's process {pid} to exit", lambda: not _alive(pid), timeout_s=60)
     _internal_kv_put(STATE_KEY, json.dumps(state).encode(), overwrite=True)
     ensure_controller(dep.config.controller)
     return cluster.wait_controller(timeout_s=120, pid_not=pid)
