@@ -135,7 +135,7 @@ class FleetController:
         )
         self.replicas: dict[str, ReplicaState] = {}
         self.overrides = Overrides(clock)
-        self.history: deque[views.Decision] = deque(maxlen=cfg.history)
+        self.history: deque[views.DecisionRecord] = deque(maxlen=cfg.history)
         self.version = 0
         self.updates = 0
         self.received: Counter[str] = Counter()  # completions, steps, batches, aborted
@@ -492,16 +492,16 @@ class FleetController:
             replica.active_since = replica.current.version
         replica.updated_at = self.clock()
         self.history.append(
-            views.Decision(
-                version=self.version,
-                at=replica.updated_at,
-                replica_id=replica.replica_id,
-                cause=cause,
-                update=views.ThresholdsView.of(replica.current),
-                plan=plan,
-                estimate=estimate,
-                cost_model=replica.cost_model,
-                override=self.overrides.get(replica.replica_id),
+            views.DecisionRecord(
+                self.version,
+                replica.updated_at,
+                replica.replica_id,
+                cause,
+                replica.current,
+                plan,
+                estimate,
+                replica.cost_model,
+                self.overrides.get(replica.replica_id),
             )
         )
 
@@ -572,7 +572,7 @@ class FleetController:
         items = list(self.history)
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
-        return items
+        return [record.decision() for record in items]
 
     def state(self) -> persistence.ControllerState:
         """What to persist (see :mod:`ebplus.controller.persistence`)."""

@@ -84,6 +84,11 @@ class PrefillBound:
         return float(self.tokens) if self.tokens else budget
 
 
+#: The bound of a plan without stall or ITL targets (most plans): one shared object rather than one a candidate
+#: ``k`` (~50 a plan) and one a replica's plan kept, each a young object the garbage collector walks.
+UNBOUNDED = PrefillBound()
+
+
 def prefill_bound(
     cost: CostModel, k: int, n: int, mu_l: float, budget: float | None, slo: SloConfig, cycle_s: float = 0.0
 ) -> PrefillBound:
@@ -96,7 +101,7 @@ def prefill_bound(
     """
     targets = [t for t in (slo.max_stall_s, slo.itl_p99_s) if t is not None]
     if not targets:
-        return PrefillBound()
+        return UNBOUNDED
     t_d = cost.alpha_d + cost.beta_d * max(n - k / 2, 1.0)
     room = (1.0 - slo.safety) * min(targets) - t_d - max(cycle_s, 0.0)
     full = _full_step(cost, k, mu_l, budget)
@@ -124,7 +129,7 @@ def eb_latency(
     queue: float = 0.0,
 ) -> Latency:
     """EB(k)'s latency at batch ``n`` (``cost`` folded; ``queue``: requests waiting beyond the batch)."""
-    bound = bound or PrefillBound()
+    bound = bound or UNBOUNDED
     step_budget = bound.step_budget(budget)
     steps, t_p = _prefill_phase(cost, k, mu_l, step_budget)
     run = steps if bound.steps <= 0 else min(bound.steps, steps)

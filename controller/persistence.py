@@ -32,7 +32,7 @@ from ebplus.controller.estimator import Estimate, EstimatorState, ReplicaWindow
 from ebplus.controller.overrides import Override
 from ebplus.controller.planner import Plan, PlannerState
 from ebplus.controller.stats import UPDATE_SECONDS_BUCKETS, Histogram
-from ebplus.controller.views import Decision, Dropped
+from ebplus.controller.views import Decision, DecisionRecord, Dropped
 
 if TYPE_CHECKING:
     from ebplus.controller.fleet import FleetController, ReplicaState
@@ -100,7 +100,7 @@ def dump(fleet: FleetController) -> ControllerState:
         workload=fleet.workload.state(),
         replicas={**fleet.saved, **{rid: saved_replica(r) for rid, r in fleet.replicas.items()}},
         overrides=dict(fleet.overrides.items),
-        history=list(fleet.history),
+        history=[record.decision() for record in fleet.history],
         received=dict(fleet.received),
         rejected=dict(fleet.rejected),
         plan_errors=fleet.plan_errors,
@@ -135,7 +135,7 @@ class SnapshotWriter:
     _HISTOGRAM = TypeAdapter(Histogram)
 
     def __init__(self) -> None:
-        self._decisions: dict[int, tuple[Decision, str]] = {}
+        self._decisions: dict[int, DecisionRecord] = {}  # the history's records whose JSON is built
 
     def pieces(self, fleet: FleetController) -> Generator[None, None, str]:
         """Yields between pieces; returns the JSON text (what :func:`parse` reads after ``json.loads``)."""
@@ -148,12 +148,12 @@ class SnapshotWriter:
             replicas.append(f"{json.dumps(rid)}:{saved_replica(replica).model_dump_json()}")
             yield
         cached, history = self._decisions, []
-        for decision in list(fleet.history):
-            hit = cached.get(id(decision))
-            if hit is None or hit[0] is not decision:
-                hit = cached[id(decision)] = (decision, decision.model_dump_json())
+        for record in list(fleet.history):
+            if cached.get(id(record)) is not record:
+                cached[id(record)] = record
+                record.json()
                 yield
-            history.append(hit[1])
+            history.append(record.json())
         live = {id(d) for d in fleet.history}
         for dropped, key in enumerate([k for k in cached if k not in live], 1):
             del cached[key]  # often the last reference to a decision and its plan: each frees ~20 objects
@@ -262,7 +262,7 @@ def load(fleet: FleetController, state: ControllerState) -> None:
     fleet.workload.restore(state.workload)
     fleet.saved = dict(state.replicas)
     fleet.overrides.items.update(state.overrides)
-    fleet.history.extend(state.history)
+    fleet.history.extend(DecisionRecord.of(decision) for decision in state.history)
     fleet.received.update(state.received)
     fleet.rejected.update(state.rejected)
     fleet.plan_errors = state.plan_errors

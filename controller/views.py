@@ -140,6 +140,80 @@ class Decision(_View):
     override: Override | None
 
 
+class DecisionRecord:
+    """One entry of the history as the controller keeps it; :meth:`decision` is the :class:`Decision` it shows.
+
+    A re-plan records a decision for every replica, and the history holds the last
+    ``history`` of them: at 256 replicas, all of them are the last re-plan's. As a
+    :class:`Decision` each is six objects the garbage collector tracks (the model, its
+    ``__dict__``, its fields-set, and the same three for its thresholds' view); the young
+    collections a re-plan triggers walk every one of them, on the event loop that answers
+    telemetry. A record is one object that refers to what the decision is made of (the plan,
+    the estimate and the thresholds are the controller's own, kept anyway), and builds the
+    view only when it is read: by the admin API's history, and once when it is persisted
+    (:meth:`json`, cached: a decision never changes).
+    """
+
+    __slots__ = (
+        "_json",
+        "at",
+        "cause",
+        "cost_model",
+        "estimate",
+        "override",
+        "plan",
+        "replica_id",
+        "update",
+        "version",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        version: int,
+        at: float,
+        replica_id: str,
+        cause: str,
+        update: ThresholdUpdate,
+        plan: Plan | None,
+        estimate: Estimate | None,
+        cost_model: CostModel,
+        override: Override | None,
+    ) -> None:
+        self.version, self.at, self.replica_id, self.cause = version, at, replica_id, cause
+        self.update, self.plan, self.estimate, self.cost_model, self.override = (
+            update, plan, estimate, cost_model, override
+        )  # fmt: skip
+        self._json: str | None = None
+
+    @classmethod
+    def of(cls, decision: Decision) -> DecisionRecord:
+        """The record of a decision read back (a persisted history)."""
+        u = decision.update
+        update = ThresholdUpdate(mode=u.mode, k=u.k, n=u.n, version=u.version, active=u.active,
+                                 prefill_steps=u.prefill_steps, prefill_tokens=u.prefill_tokens)  # fmt: skip
+        return cls(decision.version, decision.at, decision.replica_id, decision.cause, update, decision.plan,
+                   decision.estimate, decision.cost_model, decision.override)  # fmt: skip
+
+    def decision(self) -> Decision:
+        return Decision(
+            version=self.version,
+            at=self.at,
+            replica_id=self.replica_id,
+            cause=self.cause,
+            update=ThresholdsView.of(self.update),
+            plan=self.plan,
+            estimate=self.estimate,
+            cost_model=self.cost_model,
+            override=self.override,
+        )
+
+    def json(self) -> str:
+        """:meth:`decision` as JSON, built once."""
+        if self._json is None:
+            self._json = self.decision().model_dump_json()
+        return self._json
+
+
 def replica_view(fleet: FleetController, replica: ReplicaState) -> ReplicaView:
     plan = replica.planner.last
     stats = replica.engine_stats
