@@ -10,6 +10,7 @@ ingress and controller run different code, and FastAPI documents them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -140,6 +141,7 @@ class Decision(_View):
     override: Override | None
 
 
+@dataclass(slots=True, eq=False)  # eq=False: identity, as the snapshot writer keys records by id
 class DecisionRecord:
     """One entry of the history as the controller keeps it; :meth:`decision` is the :class:`Decision` it shows.
 
@@ -154,36 +156,16 @@ class DecisionRecord:
     (:meth:`json`, cached: a decision never changes).
     """
 
-    __slots__ = (
-        "_json",
-        "at",
-        "cause",
-        "cost_model",
-        "estimate",
-        "override",
-        "plan",
-        "replica_id",
-        "update",
-        "version",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        version: int,
-        at: float,
-        replica_id: str,
-        cause: str,
-        update: ThresholdUpdate,
-        plan: Plan | None,
-        estimate: Estimate | None,
-        cost_model: CostModel,
-        override: Override | None,
-    ) -> None:
-        self.version, self.at, self.replica_id, self.cause = version, at, replica_id, cause
-        self.update, self.plan, self.estimate, self.cost_model, self.override = (
-            update, plan, estimate, cost_model, override
-        )  # fmt: skip
-        self._json: str | None = None
+    version: int
+    at: float
+    replica_id: str
+    cause: str
+    update: ThresholdUpdate
+    plan: Plan | None
+    estimate: Estimate | None
+    cost_model: CostModel
+    override: Override | None
+    _json: str | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, decision: Decision) -> DecisionRecord:
