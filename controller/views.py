@@ -58,6 +58,10 @@ class ThresholdsView(_View):
             prefill_tokens=update.prefill_tokens,
         )
 
+    def message(self) -> ThresholdUpdate:
+        """The message this view shows (:meth:`of` read back: a persisted history's thresholds)."""
+        return ThresholdUpdate(**self.model_dump())
+
 
 class Dropped(_View):
     completions: int = 0
@@ -170,10 +174,7 @@ class DecisionRecord:
     @classmethod
     def of(cls, decision: Decision) -> DecisionRecord:
         """The record of a decision read back (a persisted history)."""
-        u = decision.update
-        update = ThresholdUpdate(mode=u.mode, k=u.k, n=u.n, version=u.version, active=u.active,
-                                 prefill_steps=u.prefill_steps, prefill_tokens=u.prefill_tokens)  # fmt: skip
-        return cls(decision.version, decision.at, decision.replica_id, decision.cause, update, decision.plan,
+        return cls(decision.version, decision.at, decision.replica_id, decision.cause, decision.update.message(), decision.plan,
                    decision.estimate, decision.cost_model, decision.override)  # fmt: skip
 
     def decision(self) -> Decision:

@@ -60,6 +60,20 @@ def test_a_resumed_previous_state_keeps_planning() -> None:
     assert fleet.snapshot().replicas["rep-b"].crossover is not None  # a new plan, in today's terms
 
 
+def test_the_history_reads_back_as_it_was_decided() -> None:
+    fleet = resumed(PREVIOUS)
+    for rid in ("rep-a", "rep-b"):
+        fleet.register(registration(rid, kv_capacity_tokens=20000, max_num_seqs=16))
+    steps = [StepRecord(32, 4, 4, 0, 0.012), StepRecord(0, 6, 6, 1, 0.011)] * 10
+    for i in range(6):  # decisions made here, not read back from a saved state
+        for rid in ("rep-a", "rep-b"):
+            fleet.ingest(batch(rid, completions(10, start=10 * i), steps, applied_version=fleet.version))
+    decided = [d.model_dump(mode="json") for d in fleet.history_view()]
+    again = resumed(json.loads(fleet.state().model_dump_json()))
+    assert max(d["version"] for d in decided) > PREVIOUS["version"]
+    assert [d.model_dump(mode="json") for d in again.history_view()] == decided
+
+
 def test_todays_state_round_trips_under_the_current_version() -> None:
     fleet = resumed(PREVIOUS)
     fleet.register(registration("rep-a", kv_capacity_tokens=20000, max_num_seqs=16))
