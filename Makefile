@@ -47,7 +47,7 @@ bench-sim: install
 
 # BASELINE=path/to/python: also measure that interpreter's ebplus (an older checkout), run by run
 bench-controller: install
-	$(PY) -m ebplus.bench.controller_bench $(if $(BASELINE),--baseline $(BASELINE))
+	$(PY) -m benchmarks.controller_bench $(if $(BASELINE),--baseline $(BASELINE))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

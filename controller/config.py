@@ -172,7 +172,7 @@ class PlannerConfig(BaseModel):
             "Preemptions per completion an update window may have without kv_backoff (0: back off on any "
             "preemption). Recomputing a preempted request costs less than an under-filled decode batch on a "
             "bandwidth-limited GPU: backing off at the first preemption cost 2-4% of throughput on "
-            "decode-heavy traffic in the simulator (bench/RESULTS.md)."
+            "decode-heavy traffic in the simulator (docs/benchmarks/simulator.md)."
         ),
     )
     kv_backoff_full: float = Field(

@@ -6,19 +6,17 @@ simulator charges steps with :meth:`CostModel.step_seconds`; the controller feed
 the same parameters to the closed forms in :mod:`controller.theory`; ``ebplus
 profile`` writes them, fitted on a real engine, as a :class:`HardwareProfile`.
 
-A profile may also carry :class:`TrueCosts`: costs a real engine pays that the
-linear model cannot express. Only the simulator reads them
-(:meth:`HardwareProfile.true_step_seconds`); :meth:`HardwareProfile.cost_model`,
-what the controller starts from and the closed forms evaluate, leaves them out.
-That is how a simulated run tests the control loop against a prior that is wrong.
+Costs a real engine pays that the linear model cannot express are the simulator's
+alone (:mod:`ebplus.simulator.truth`, a subclass of :class:`HardwareProfile`): the
+controller never sees them.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import yaml
@@ -112,104 +110,20 @@ class CostModel(BaseModel):
         return np.where(n > 0, out, 0.0)
 
 
-class TrueCosts(BaseModel):
-    """Step costs the controller's :class:`CostModel` does not know: the simulator's truth only.
-
-    Each field is a cost that a linear per-kind fit over many steps cannot represent,
-    so a profile that sets one makes the controller's prior wrong in a known way.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    phase_switch_s: float = Field(
-        default=0.0,
-        ge=0,
-        allow_inf_nan=False,
-        description=(
-            "Seconds added to a step that changes the engine between the two exclusive step kinds: a "
-            "prefill-only step right after a decode-only step, and a decode-only step right after a "
-            "prefill-only step (EB's two phase boundaries; MB pays it only where it runs those kinds back to "
-            "back, e.g. an empty engine's first decode after its first prefill). Mixed steps never pay it, and "
-            "a step after a mixed one does not either: a mixed step already runs both kinds of kernel, and its "
-            "cost curve is measured as such. Why at the boundary: the first step of a phase runs with another "
-            "batch shape and kernel set than the step before (decode batches from captured graphs, prefill "
-            "batches from the prefill kernels), with cold caches and a scheduler pipeline that restarts; a "
-            "per-kind linear fit over many steps spreads that over alpha and cannot see it per boundary."
-        ),
-    )
-    mixed_curve: tuple[tuple[float, float], ...] | None = Field(
-        default=None,
-        description=(
-            "Mixed-step per-token cost as a piecewise-linear table of (r, seconds/token) points, r = decode "
-            "share of the step's tokens; used by the simulator instead of the quadratic beta_mb. The first "
-            "point must be at r = 0 and the last at r = 1, r strictly increasing, every cost finite and >= 0."
-        ),
-    )
-
-    @field_validator("mixed_curve")
-    @classmethod
-    def _curve(cls, v: tuple[tuple[float, float], ...] | None) -> tuple[tuple[float, float], ...] | None:
-        if v is None:
-            return v
-        if len(v) < 2:
-            raise ValueError("needs at least 2 points (r = 0 and r = 1)")
-        for i, (r, cost) in enumerate(v):
-            if not (math.isfinite(r) and math.isfinite(cost)):
-                raise ValueError(f"point {i}: r and cost must be finite, got ({r}, {cost})")
-            if cost < 0:
-                raise ValueError(f"point {i}: cost must be >= 0 s/token, got {cost}")
-            if i and r <= v[i - 1][0]:
-                raise ValueError(f"point {i}: r must increase strictly, got {r} after {v[i - 1][0]}")
-        if v[0][0] != 0.0 or v[-1][0] != 1.0:
-            raise ValueError(f"must span r = 0 to r = 1, got r = {v[0][0]} to {v[-1][0]}")
-        return v
-
-    def mixed_beta(self, r: float) -> float:
-        """The curve's per-token cost at decode share ``r`` (linear between points); needs ``mixed_curve``."""
-        curve = self.mixed_curve
-        assert curve is not None
-        i = min(max(bisect.bisect_right(curve, (r, math.inf)), 1), len(curve) - 1)
-        (r0, c0), (r1, c1) = curve[i - 1], curve[i]
-        t = (r - r0) / (r1 - r0)
-        return c0 * (1.0 - t) + c1 * t  # exact at the points
-
-
 class HardwareProfile(CostModel):
     """A cost model plus the KV capacity of one GPU type: the simulator's YAML format."""
 
     name: str = Field(min_length=1, description="Profile name, e.g. 'h200'.")
     kv_capacity_tokens: int = Field(gt=0, description="KV cache capacity in tokens.")
     description: str = Field(default="", description="Where the numbers come from.")
-    truth: TrueCosts | None = Field(
-        default=None,
-        description=(
-            "Costs only the simulator charges (not in cost_model(), the controller's prior). A profile with "
-            "them is a pinned scenario, not a calibration: bench-sim runs it only when named."
-        ),
-    )
 
     def cost_model(self) -> CostModel:
-        """The controller's model of this GPU: everything but :attr:`truth`."""
+        """The controller's model of this GPU: the cost coefficients without the profile's name and capacity."""
         return CostModel(**self.model_dump(include=set(CostModel.model_fields)))
 
-    def true_step_seconds(
-        self, n_prefill_tokens: int, n_decode_tokens: int, kv_tokens: int = 0, *, switched: bool = False
-    ) -> float:
-        """Wall time of one step as the simulated engine pays it: :meth:`step_seconds` plus :attr:`truth`.
 
-        ``switched``: the step changes between prefill-only and decode-only (see
-        :attr:`TrueCosts.phase_switch_s`); the caller knows the previous step.
-        """
-        truth = self.truth
-        if truth is None:
-            return self.step_seconds(n_prefill_tokens, n_decode_tokens, kv_tokens)
-        if n_prefill_tokens and n_decode_tokens:  # mixed: never a phase switch
-            if truth.mixed_curve is None:
-                return self.step_seconds(n_prefill_tokens, n_decode_tokens, kv_tokens)
-            n = n_prefill_tokens + n_decode_tokens
-            return self.alpha_mixed + truth.mixed_beta(n_decode_tokens / n) * n + self.beta_kv * kv_tokens
-        seconds = self.step_seconds(n_prefill_tokens, n_decode_tokens, kv_tokens)
-        return seconds + truth.phase_switch_s if switched and seconds > 0 else seconds
+#: A profile model: :class:`HardwareProfile` or a subclass of it (the simulator's).
+P = TypeVar("P", bound=HardwareProfile)
 
 
 class ProfileError(ValueError):
@@ -254,8 +168,8 @@ def validation_message(path: Path, text: str, exc: ValidationError) -> str:
     return f"{where}: field '{field}': {first['msg']}"
 
 
-def load_profile(path: str | Path) -> HardwareProfile:
-    """Read and validate a profile YAML file; errors name the file, line and field."""
+def load_profile(path: str | Path, model: type[P] = HardwareProfile) -> P:  # type: ignore[assignment]
+    """Read and validate a profile YAML file as ``model``; errors name the file, line and field."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -269,7 +183,7 @@ def load_profile(path: str | Path) -> HardwareProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: a profile must be a mapping of keys to values")
     try:
-        return HardwareProfile.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ProfileError(validation_message(path, text, exc)) from None
 
@@ -282,25 +196,15 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
-def calibrated_profile_names() -> list[str]:
-    """The shipped profiles but the pinned scenarios (those with truth-only costs, see :class:`TrueCosts`).
-
-    A pinned profile (``h200-switch``...) is a test of the control loop, not a GPU
-    calibration: benchmarks run it when named, so adding one never changes their default
-    tables and figures.
-    """
-    return [name for name in profile_names() if resolve_profile(name).truth is None]
-
-
-def resolve_profile(name_or_path: str | Path) -> HardwareProfile:
-    """Load a shipped profile by name (``h200``) or any profile file by path."""
+def resolve_profile(name_or_path: str | Path, model: type[P] = HardwareProfile) -> P:  # type: ignore[assignment]
+    """Load a shipped profile by name (``h200``) or any profile file by path, as ``model``."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        return load_profile(path)
+        return load_profile(path, model)
     shipped = PROFILE_DIR / f"{name_or_path}.yaml"
     if not shipped.exists():
         raise ProfileError(f"unknown profile {str(name_or_path)!r}: not a file, and not one of {profile_names()}")
-    return load_profile(shipped)
+    return load_profile(shipped, model)
 
 
 def dump_profile(profile: HardwareProfile, path: str | Path) -> None:

@@ -204,7 +204,7 @@ def _fit_hazard_pieces(at_risk: np.ndarray, events: np.ndarray, t0: int) -> Piec
     # departures shortens the extrapolated tail - an underestimate of the mean, the
     # unsafe side for N*. Lengths with a floor (t0 > 0) are not memoryless to begin with:
     # there the slope is fitted freely (forcing it to 0 extrapolates the early hazard
-    # into a tail 25-40% too long at a cold start, see ebplus.bench.cold_start).
+    # into a tail 25-40% too long at a cold start, see benchmarks.cold_start).
     if b2 > 0.0 and (t0 > 0 or 2.0 * (loglik(a2, b2) - loglik(a, b)) > SLOPE_TEST):
         a, b = a2, b2
     return float(a), float(b) / span

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
+from pathlib import Path
 
 from ebplus.errors import CommandError
 
@@ -21,10 +22,10 @@ from ebplus.errors import CommandError
 COMMANDS: dict[str, str] = {
     "theory": "ebplus.controller.cli",
     "estimate": "ebplus.controller.cli",
-    "simulate": "ebplus.bench.cli",
-    "bench-sim": "ebplus.bench.cli",
-    "bench-overhead": "ebplus.bench.cli",
-    "profile": "ebplus.bench.profile",
+    "simulate": "ebplus.simulator.cli",
+    "bench-sim": "benchmarks.cli",
+    "bench-overhead": "benchmarks.cli",
+    "profile": "ebplus.profiler.cli",
     "serve": "ebplus.deploy.cli",
     "deploy": "ebplus.deploy.cli",
     "build-model": "ebplus.deploy.cli",
@@ -63,8 +64,27 @@ def version_line() -> str:
     return ", ".join(found)
 
 
+#: Subcommands of the benchmark suites, which are not installed: they run from a checkout.
+CHECKOUT_ONLY = frozenset(name for name, module in COMMANDS.items() if module.startswith("benchmarks."))
+
+
+def checkout_root() -> Path | None:
+    """The repository this ``ebplus`` runs from (an editable install), or ``None`` for an installed wheel.
+
+    The benchmark suites live beside the package in a checkout (``benchmarks/``) and are
+    not installed; from a checkout their subcommands import them from its root.
+    """
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "benchmarks" / "cli.py").is_file() and (root / "pyproject.toml").is_file() else None
+
+
 def _available(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    if module.startswith("benchmarks.") and (root := checkout_root()) is not None and str(root) not in sys.path:
+        sys.path.append(str(root))
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # the parent package is missing
+        return False
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -79,7 +99,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if name in sub.choices or (only is not None and COMMANDS[only] != module):
             continue
         if not _available(module):
-            sub.add_parser(name, help=HELP[name] + " (not installed)")
+            where = " (needs a checkout of the repository: make " + name + ")" if name in CHECKOUT_ONLY else " (not installed)"
+            sub.add_parser(name, help=HELP[name] + where, description=HELP[name] + where)
             continue
         importlib.import_module(module).register(sub)
     return parser
@@ -100,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] | None = getattr(args, "run", None)
     if run is None:
+        if command in CHECKOUT_ONLY:
+            parser.error(f"{command} is a benchmark suite, not installed: run it from a checkout (make {command})")
         parser.error(f"{command} is not available in this installation")
     try:
         return run(args)

@@ -85,19 +85,3 @@ class EngineControl:
 
     async def drain(self) -> DrainReport:
         return decode(await self._call("ebplus_drain"), DrainReport)
-
-
-class LocalEngineControl:
-    """The same calls on a scheduler in this process (``vllm.LLM`` with the engine core in-process)."""
-
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler = scheduler
-
-    def apply(self, update: ThresholdUpdate) -> ThresholdUpdate:
-        return decode(self.scheduler.ebplus_apply(encode(update)), ThresholdUpdate)
-
-    def applied(self) -> ThresholdUpdate:
-        return decode(self.scheduler.ebplus_applied(), ThresholdUpdate)
-
-    def drain(self) -> DrainReport:
-        return decode(self.scheduler.ebplus_drain(), DrainReport)

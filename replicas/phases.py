@@ -1,6 +1,6 @@
 """The EB+ phase machine: what kind of step an engine runs next.
 
-One implementation, no vLLM or Ray import: the simulator (``bench/sim.py``) and
+One implementation, no vLLM or Ray import: the simulator (``simulator/sim.py``) and
 the vLLM scheduler subclass (``replicas/scheduler.py``) both call
 :meth:`PhaseMachine.decide` before every step and :meth:`PhaseMachine.observe`
 after it, so the policy measured in simulation is the one that serves traffic.

@@ -33,7 +33,6 @@ import msgspec
 
 from ebplus.controller.client import ControllerClient, ControllerUnavailable
 from ebplus.controller.cost_model import CostModel
-from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import (
     CompletionRecord,
     DrainReport,
@@ -248,46 +247,9 @@ class TelemetryPump:
 # --------------------------------------------------------------------------- drivers
 
 
-class SyncEngine(Protocol):
-    def drain(self) -> DrainReport: ...
-    def apply(self, update: ThresholdUpdate) -> ThresholdUpdate: ...
-
-
 class AsyncEngine(Protocol):
     async def drain(self) -> DrainReport: ...
     async def apply(self, update: ThresholdUpdate) -> ThresholdUpdate: ...
-
-
-class LocalController:
-    """An in-process :class:`FleetController` as the cycle's controller (simulator, engine benchmark):
-    typed objects, no encoding, nothing can time out."""
-
-    def __init__(self, fleet: FleetController) -> None:
-        self.fleet = fleet
-
-    def register(self, registration: Registration) -> ThresholdUpdate | None:
-        return self.fleet.register(registration)
-
-    def ingest(self, batch: TelemetryBatch) -> ThresholdUpdate | None:
-        return self.fleet.ingest(batch)
-
-
-def run(cycle: Cycle, engine: SyncEngine, controller: LocalController) -> None:
-    """Drive one cycle to its end, synchronously."""
-    reply: Any = None
-    while True:
-        try:
-            call = cycle.send(reply)
-        except StopIteration:
-            return
-        if isinstance(call, Drain):
-            reply = engine.drain()
-        elif isinstance(call, Apply):
-            reply = engine.apply(call.update)
-        elif isinstance(call, Register):
-            reply = controller.register(call.registration)
-        else:
-            reply = controller.ingest(call.batch)
 
 
 async def arun(cycle: Cycle, engine: AsyncEngine, controller: ControllerClient, timeout_s: float) -> None:

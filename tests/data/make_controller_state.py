@@ -4,7 +4,7 @@ Runs the controller code of commit b0f895d (the last release before the workload
 window and the crossover changed their persisted layout, both still under schema
 version 1) on synthetic telemetry of two replicas, and saves what that code
 persists. ``tests/unit/test_persistence_versions.py`` and the rolling-upgrade
-scenario (``ebplus.bench.reliability.rollout``) restore it with today's code.
+scenario (``harness.rollout``) restore it with today's code.
 
     python tests/data/make_controller_state.py        # needs the git history (git archive)
 

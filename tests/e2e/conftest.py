@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from observability.prom import prometheus  # noqa: F401  (fixture for the live dashboard test)
 
-from ebplus.bench.reliability import Deployment, deployed
+from harness import Deployment, deployed
 
 CONFIG = Path(__file__).with_name("e2e.yaml")
 ADMIN_TOKEN = "e2e-admin-token"

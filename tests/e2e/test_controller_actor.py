@@ -7,7 +7,6 @@ import time
 import pytest
 from factories import registration
 
-from ebplus.bench.reliability import wait_until
 from ebplus.controller.actor import ACTOR_NAME, NAMESPACE, get_controller, start_controller
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.messages import (
@@ -20,6 +19,7 @@ from ebplus.controller.messages import (
     encode,
 )
 from ebplus.controller.views import FleetSnapshot, Ping
+from harness import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from ebplus.bench.e2e_bench import random_dataset, serving_benchmark
+from benchmarks.e2e_bench import random_dataset, serving_benchmark
 from ebplus.controller import theory
 from ebplus.deploy.app import model_path
 

@@ -174,7 +174,7 @@ def test_the_official_openai_client(server: Server) -> None:
 
 def test_vllm_bench_serve(server: Server, tmp_path: Path) -> None:
     """vLLM's serving benchmark (random prompts of 16-112 tokens, 8-56 out, 8 at a time): every request served."""
-    from ebplus.bench.e2e_bench import random_dataset, serving_benchmark
+    from benchmarks.e2e_bench import random_dataset, serving_benchmark
 
     result = serving_benchmark(
         server.base_url, MODEL, str(server.snapshot), random_dataset(64, 32, 0.75), 96, 8, tmp_path, "plain-vllm"

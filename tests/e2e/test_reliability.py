@@ -3,7 +3,7 @@
 One extra deployment for the whole module (``tests/e2e/faults.yaml``, port 18100):
 the tiny model on two replicas, tiny queues, a 64-record telemetry buffer, an API
 key. Every fault is real (``ray.kill``, SIGSTOP/SIGCONT, SIGKILL) and bounded in
-time. The scenarios live in ``bench/reliability/``; ``bench/reliability_bench.py``
+time. The scenarios live in ``tests/harness/``; ``benchmarks/reliability_bench.py``
 runs them longer and writes the table that docs/benchmarks/reliability.md quotes.
 
 Development: ``EBPLUS_FAULTS_ATTACH=<pid>:<log file>`` runs the module against an
@@ -21,7 +21,7 @@ import httpx
 import pytest
 from external_tools import missing
 
-from ebplus.bench import reliability as rel
+import harness as rel
 
 pytestmark = [pytest.mark.e2e]
 

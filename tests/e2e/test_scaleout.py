@@ -1,11 +1,11 @@
 """Scale-out on a multi-node Ray cluster: node loss, a rolling update, autoscaling, controller upgrades.
 
-One local cluster for the module (``bench/reliability/nodes.py``: a head and two 1-CPU
+One local cluster for the module (``tests/harness/nodes.py``: a head and two 1-CPU
 worker raylets, each worker holding one model replica and able to hold the controller)
 and one deployment joined to it through ``ray.address`` (``tests/e2e/multinode.yaml``,
 port 18200). The tests run in order on that deployment, each under open-loop load, at
 the CI's sizes: one node kill, one rolling update, one autoscaling cycle, one controller
-upgrade; ``python -m ebplus.bench.scaleout_bench`` runs more of each and writes the table
+upgrade; ``python -m benchmarks.scaleout_bench`` runs more of each and writes the table
 of docs/benchmarks/scaleout.md.
 """
 
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from ebplus.bench import reliability as rel
-from ebplus.bench.reliability import nodeloss, rollout
-from ebplus.bench.reliability.multinode import MULTINODE_CONFIG, rollout_config, start_cluster
-from ebplus.bench.reliability.nodes import LocalCluster
+import harness as rel
 from ebplus.deploy.config import load_config
+from harness import nodeloss, rollout
+from harness.multinode import MULTINODE_CONFIG, rollout_config, start_cluster
+from harness.nodes import LocalCluster
 
 #: In ``make test``: about 8 minutes on this 2-core machine (cluster and deployment 1.5, node loss
 #: 1.2, rolling update 2-5, autoscaling cycle 2.5, the two controller starts 0.3).

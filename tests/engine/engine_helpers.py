@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ebplus.bench.local_engine import environment
 from ebplus.controller.messages import DrainReport, ThresholdUpdate, decode, encode
+from ebplus.profiler.local_engine import environment
 from ebplus.replicas.settings import SCHEDULER_CLS
 
 #: The tiny engines' shape: a 64-token budget forces chunked prefills of the longer prompts.

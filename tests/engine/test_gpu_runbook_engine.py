@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 def test_runbook_quick_on_cpu(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "runbook"
-    cmd = [sys.executable, "-m", "ebplus.bench.gpu_runbook", "--device", "cpu", "--quick", "--model", str(tiny_model)]
+    cmd = [sys.executable, "-m", "benchmarks.gpu_runbook", "--device", "cpu", "--quick", "--model", str(tiny_model)]
     cmd += ["--steps", "profile,engine,compare,paper-sim", "--out-dir", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
     if proc.returncode != 0:  # both tails in full: an assertion's repr cuts the middle out of long text

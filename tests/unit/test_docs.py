@@ -25,7 +25,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from ebplus import reference
+from docgen import reference
 from ebplus.controller.exporter import METRICS
 from ebplus.deploy.config import ServeConfig
 
@@ -34,7 +34,7 @@ DOCS = REPO / "docs"
 README = REPO / "README.md"
 #: Source folders (each installs as ``ebplus.<name>``, ``ebplus/`` as ``ebplus``) whose every module
 #: must have a row in the layout table.
-PACKAGES = ("controller", "replicas", "deploy", "bench", "dashboards", "ebplus")
+PACKAGES = ("controller", "replicas", "deploy", "dashboards", "ebplus", "simulator", "profiler", "benchmarks", "docgen")
 README_MAX_BYTES = 12 * 1024
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -85,7 +85,7 @@ def first_code(cell: str) -> str:
 
 def test_reference_pages_are_current() -> None:
     stale = [str(p.relative_to(REPO)) for p in reference.stale_pages()]
-    assert not stale, f"stale generated pages {stale}: run `python -m ebplus.reference`"
+    assert not stale, f"stale generated pages {stale}: run `python -m docgen.reference`"
 
 
 def test_dashboards_page_is_current() -> None:
@@ -351,7 +351,7 @@ def test_every_plot_is_shown_and_every_summary_linked() -> None:
     unlinked = sorted(p.name for p in results.glob("*.md") if f"(results/{p.name})" not in text)
     assert not unshown, f"plots no benchmark page shows: {unshown}"
     assert not unlinked, f"generated tables no benchmark page links: {unlinked}"
-    assert not list(results.glob("*.json")), "raw JSON belongs in the ignored bench/results/ (bench/outputs.py)"
+    assert not list(results.glob("*.json")), "raw JSON belongs in the ignored benchmarks/results/ (benchmarks/outputs.py)"
 
 
 # --------------------------------------------------------------------------- links

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ebplus.bench import distributions as dist
 from ebplus.controller import departures, theory
 from ebplus.controller.estimator import WorkloadEstimator
 from ebplus.controller.messages import CompletionRecord, FinishReason, RunningRequest
+from ebplus.simulator import distributions as dist
 
 
 def estimator(size: int, **kwargs) -> WorkloadEstimator:

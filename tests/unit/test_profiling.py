@@ -8,12 +8,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ebplus.bench import profiling
-from ebplus.bench.profile import _load_config
-from ebplus.bench.profiling import ProfilePlan
 from ebplus.cli import main
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.messages import StepRecord
+from ebplus.profiler import profiling
+from ebplus.profiler.cli import _load_config
+from ebplus.profiler.profiling import ProfilePlan
 
 TRUE = CostModel(alpha_p=0.02, beta_p=3e-3, alpha_d=0.03, beta_d=1.8e-3, beta_mb=(3e-3, -1.5e-3, 4e-4), alpha_mb=0.025)
 

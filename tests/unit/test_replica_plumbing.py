@@ -22,7 +22,8 @@ from ebplus.controller.messages import (
 )
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.profiles import profile_for_device
-from ebplus.replicas.pump import LocalController, TelemetryOutbox, TelemetryPump, arun, run
+from ebplus.replicas.pump import TelemetryOutbox, TelemetryPump, arun
+from ebplus.simulator.local import LocalController, run
 
 FACTS = EngineFacts(kv_capacity_tokens=100_000, max_num_seqs=16, device="cpu")
 

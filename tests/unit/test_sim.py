@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ebplus.bench.sim import Policy, SimConfig, simulate
-from ebplus.bench.workloads import LengthSpec, PhaseSpec, Schedule, Workload, build_requests, load_source
 from ebplus.controller import theory
 from ebplus.controller.cost_model import HardwareProfile, resolve_profile
+from ebplus.simulator.sim import Policy, SimConfig, simulate
+from ebplus.simulator.workloads import LengthSpec, PhaseSpec, Schedule, Workload, build_requests, load_source
 
 RAW_H200 = dict(alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5)
 BETA_MB = (2.494e-5, 5.193e-5, 1.478e-5)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from factories import batch, registration
 
-from ebplus.bench import distributions as dist
 from ebplus.controller import theory
 from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_fit import CostModelFitter
@@ -23,6 +22,7 @@ from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import CompletionRecord, EngineStats, FinishReason, Mode, StepRecord
 from ebplus.controller.planner import ThresholdPlanner
 from ebplus.controller.telemetry import check_step
+from ebplus.simulator import distributions as dist
 
 KV = CostModel(
     alpha_p=1e-3, beta_p=2.5e-5, alpha_d=6e-3, beta_d=3e-5, beta_mb=(2.5e-5, 1e-5, 5e-6), alpha_mb=1e-3, beta_kv=3e-8

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebplus.bench import workloads as wl
-from ebplus.bench.sim import SimResult
-from ebplus.bench.sim_result import ESTIMATE_KEYS
 from ebplus.cli import main
 from ebplus.controller.cost_model import ProfileError, load_profile, profile_names, resolve_profile
+from ebplus.simulator import workloads as wl
+from ebplus.simulator.result import ESTIMATE_KEYS
+from ebplus.simulator.sim import SimResult
 
 
 def write(path: Path, text: str) -> Path:

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ebplus.bench.sim import Policy, SimConfig, simulate
-from ebplus.bench.workloads import LengthSpec, Workload, build_requests
 from ebplus.controller.cost_model import HardwareProfile, resolve_profile
+from ebplus.simulator.sim import Policy, SimConfig, simulate
+from ebplus.simulator.workloads import LengthSpec, Workload, build_requests
 
 CPU = resolve_profile("cpu-smollm2")
 BLOCK = 128

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebplus.bench import workloads as wl
-from ebplus.bench.sim import Policy, SimConfig, simulate
-from ebplus.bench.sim_latency import N_BINS, SloTargets, histogram_percentile
-from ebplus.bench.sim_result import SimResult
 from ebplus.cli import main
-from ebplus.controller.cost_model import HardwareProfile, TrueCosts
+from ebplus.controller.cost_model import HardwareProfile
+from ebplus.simulator import workloads as wl
+from ebplus.simulator.latency import N_BINS, SloTargets, histogram_percentile
+from ebplus.simulator.result import SimResult
+from ebplus.simulator.sim import Policy, SimConfig, simulate
+from ebplus.simulator.truth import SimProfile, TrueCosts
 
 # prefill steps cost 1 ms, decode steps 10 ms, whatever their size: every token time is a round number
 FLAT = dict(name="flat", kv_capacity_tokens=10**6, alpha_p=1e-3, beta_p=0.0, alpha_d=1e-2, beta_d=0.0,
@@ -27,7 +28,7 @@ def two_requests(tmp_path: Path, switch: float = 0.0) -> SimResult:
     path = tmp_path / "t.jsonl"
     path.write_text('{"input_len": 10, "output_len": 5, "arrival_s": 0}\n'
                     '{"input_len": 10, "output_len": 3, "arrival_s": 0.015}\n')  # fmt: skip
-    prof = HardwareProfile(**FLAT, truth=TrueCosts(phase_switch_s=switch) if switch else None)
+    prof = SimProfile(**FLAT, truth=TrueCosts(phase_switch_s=switch) if switch else None)
     slo = SloTargets(ttft_s=0.02, itl_s=0.02, tpot_s=0.013)
     return simulate(prof, wl.build_requests(wl.load_trace(path), seed=0), SimConfig(policy=Policy.V0, n=4, slo=slo))
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebplus.bench import workloads as wl
-from ebplus.bench.arrivals import gamma_offsets, poisson_offsets
-from ebplus.bench.sim import Policy, SimConfig, Simulator
 from ebplus.controller.cost_model import HardwareProfile
 from ebplus.controller.messages import RUNNING_SAMPLE, DrainReport, FinishReason
+from ebplus.simulator import workloads as wl
+from ebplus.simulator.arrivals import gamma_offsets, poisson_offsets
+from ebplus.simulator.sim import Policy, SimConfig, Simulator
 
 PROFILE = HardwareProfile(name="t", kv_capacity_tokens=10**7, alpha_p=1e-3, beta_p=2e-5, alpha_d=6e-3, beta_d=3e-5,
                           beta_mb=(2e-5, 2e-5, 1e-5), beta_kv=1e-8)  # fmt: skip

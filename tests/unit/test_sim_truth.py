@@ -1,4 +1,4 @@
-"""Costs only the simulator knows: the phase-switch cost, the mixed-step curve, and the pinned profiles."""
+"""Costs only the simulator knows: the phase-switch cost and the mixed-step curve."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from ebplus.bench.pinned import MIXCURVE_PROFILE, SWITCH_PROFILE, mixcurve_check, switch_check
-from ebplus.bench.sim import Policy, SimConfig, simulate
-from ebplus.bench.workloads import LengthSpec, Workload, build_requests
 from ebplus.controller import theory
-from ebplus.controller.cost_model import HardwareProfile, ProfileError, TrueCosts, load_profile, resolve_profile
+from ebplus.controller.cost_model import HardwareProfile, ProfileError, load_profile, resolve_profile
+from ebplus.simulator.sim import Policy, SimConfig, simulate
+from ebplus.simulator.truth import SimProfile, TrueCosts
+from ebplus.simulator.workloads import LengthSpec, Workload, build_requests
 
 BASE = dict(name="t", kv_capacity_tokens=10**9, alpha_p=1e-3, beta_p=2e-5, alpha_d=6e-3, beta_d=3e-5,
             beta_mb=(2e-5, 2e-5, 1e-5), beta_kv=1e-8)  # fmt: skip
@@ -29,7 +30,7 @@ def test_curve_interpolates_linearly_between_points() -> None:
 
 def test_true_step_seconds_by_kind() -> None:
     plain = HardwareProfile(**BASE)
-    prof = HardwareProfile(**BASE, truth=TrueCosts(phase_switch_s=0.004, mixed_curve=CURVE))
+    prof = SimProfile(**BASE, truth=TrueCosts(phase_switch_s=0.004, mixed_curve=CURVE))
     # the controller's model leaves the truth out: identical to the plain profile's
     assert prof.cost_model() == plain.cost_model()
     assert prof.step_seconds(300, 100, 5000) == plain.step_seconds(300, 100, 5000)
@@ -63,7 +64,7 @@ def test_bad_truth_fields_name_file_line_and_field(tmp_path: Path, truth: str, n
     path = tmp_path / "p.yaml"
     path.write_text(text)
     with pytest.raises(ProfileError) as err:
-        load_profile(path)
+        load_profile(path, SimProfile)
     msg = str(err.value)
     assert msg.startswith(f"{path}:") and needle in msg and "field 'truth" in msg
 
@@ -79,7 +80,7 @@ def _run(prof: HardwareProfile, policy: Policy, k: int | None = None) -> object:
 def test_switch_cost_is_charged_once_per_phase_boundary(k: int) -> None:
     """Same steps with and without the cost (closed loop, fixed k): the run is longer by the cost per switch."""
     plain = _run(HardwareProfile(**BASE), Policy.EB, k)
-    switch = _run(HardwareProfile(**BASE, truth=TrueCosts(phase_switch_s=0.002)), Policy.EB, k)
+    switch = _run(SimProfile(**BASE, truth=TrueCosts(phase_switch_s=0.002)), Policy.EB, k)
     phases = plain.step_log.phase
     assert switch.step_log.phase == phases and switch.steps == plain.steps
     boundaries = sum({a, b} == {"prefill", "decode"} for a, b in itertools.pairwise(phases))
@@ -94,7 +95,7 @@ def test_switch_cost_is_charged_once_per_phase_boundary(k: int) -> None:
 
 def test_mixed_curve_prices_mb_steps() -> None:
     plain = _run(HardwareProfile(**BASE), Policy.MB)
-    prof = HardwareProfile(**BASE, truth=TrueCosts(mixed_curve=CURVE))
+    prof = SimProfile(**BASE, truth=TrueCosts(mixed_curve=CURVE))
     curved = _run(prof, Policy.MB)
     log = plain.step_log
     assert curved.step_log.phase == log.phase
@@ -109,26 +110,12 @@ def test_mixed_curve_prices_mb_steps() -> None:
     assert curved.sim_seconds - plain.sim_seconds == pytest.approx(extra, rel=1e-6)
 
 
-def test_pinned_switch_profile_reproduces_the_papers_mb_lead() -> None:
-    """h200-switch: MB / EB(k0*) at c = 32 in the pinned 1.22-1.26 (h200 itself: about 1.07)."""
-    row = switch_check(requests=1000, seeds=(3,), sweep=False)
-    assert row["k0"] == 1 and row["model_winner"] == "MB"
-    assert 1.22 <= row["mb_over_eb"] <= 1.26
-
-
-def test_pinned_mixcurve_profile_model_and_truth_disagree() -> None:
-    """rtx-pro-6000-mixcurve at c = 512: the closed forms pick MB, the simulated truth EB."""
-    row = mixcurve_check(requests=2000, seeds=(3,), ks=(11,))
-    assert row["model_winner"] == "MB" and row["model_mb_over_eb"] > 1.05
-    assert row["truth_winner"] == "eb" and row["truth_mb_over_eb"] < 0.95
-    prof = resolve_profile(MIXCURVE_PROFILE)
-    for r in (1 / 9, 1 / 2, 8 / 9):  # the prior is the quadratic through the curve at the authors' three points
-        assert theory.beta_mb(r, prof.beta_mb) == pytest.approx(prof.truth.mixed_beta(r), rel=1e-3)
-
-
-def test_pinned_profiles_keep_the_calibrated_priors() -> None:
-    h200, switch = resolve_profile("h200"), resolve_profile(SWITCH_PROFILE)
-    assert switch.cost_model() == h200.cost_model() and switch.kv_capacity_tokens == h200.kv_capacity_tokens
-    rtx, mix = resolve_profile("rtx-pro-6000"), resolve_profile(MIXCURVE_PROFILE)
-    same = ("alpha_p", "beta_p", "alpha_d", "beta_d", "alpha_mb", "beta_kv", "kv_capacity_tokens")
-    assert all(getattr(mix, f) == getattr(rtx, f) for f in same)
+def test_the_controllers_profile_type_refuses_truth(tmp_path: Path) -> None:
+    """A serving deployment cannot load a simulator scenario: ``truth:`` is the simulator's alone."""
+    good = resolve_profile("h200")
+    data = good.model_dump(mode="json", exclude_none=True)
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump({**data, "truth": {"phase_switch_s": 0.01}}))
+    with pytest.raises(ProfileError, match="field 'truth': Extra inputs are not permitted"):
+        load_profile(path)
+    assert load_profile(path, SimProfile).truth == TrueCosts(phase_switch_s=0.01)

@@ -1,0 +1,263 @@
+"""Hostile input against the live deployment: malformed and extreme API requests, fuzzing of its
+OpenAPI, wrong credentials, malformed telemetry straight to the controller.
+
+Each ``scenario_*`` returns plain figures (JSON-able), like those of :mod:`.faults`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from harness.cluster import Cluster
+from harness.deployment import Deployment
+
+
+def hostile_requests(model: str) -> list[tuple[str, str, str, bytes | dict, str | None]]:
+    """``(case, method, path, body, content_type)``: malformed and extreme API requests.
+
+    Each must be answered with a 4xx and a reason (never a 5xx, never a crash).
+    ``body`` is JSON (a dict) or raw bytes sent as is.
+    """
+    user = [{"role": "user", "content": "hi"}]
+    return [
+        ("max_tokens huge", "POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 10**9}, None),
+        ("max_tokens 2^63", "POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2**63}, None),
+        ("max_tokens negative", "POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": -5}, None),
+        ("max_tokens zero", "POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 0}, None),
+        ("max_tokens wrong type", "POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": "many"}, None),
+        ("temperature negative", "POST", "/v1/completions", {"model": model, "prompt": "hi", "temperature": -1}, None),
+        ("temperature 1e308", "POST", "/v1/completions", {"model": model, "prompt": "hi", "temperature": 1e308}, None),
+        ("top_p 5", "POST", "/v1/completions", {"model": model, "prompt": "hi", "top_p": 5}, None),
+        ("n negative", "POST", "/v1/completions", {"model": model, "prompt": "hi", "n": -1}, None),
+        ("n 100000 (fan-out)", "POST", "/v1/completions", {"model": model, "prompt": "hi", "n": 100_000, "temperature": 1, "max_tokens": 4}, None),
+        ("5000 prompts in one request", "POST", "/v1/completions", {"model": model, "prompt": ["hi"] * 5000, "max_tokens": 4}, None),
+        ("logprobs 10000", "POST", "/v1/completions", {"model": model, "prompt": "hi", "logprobs": 10000}, None),
+        ("seed 2^70", "POST", "/v1/completions", {"model": model, "prompt": "hi", "seed": 2**70}, None),
+        ("prompt wrong type", "POST", "/v1/completions", {"model": model, "prompt": {"a": 1}}, None),
+        ("prompt empty", "POST", "/v1/completions", {"model": model, "prompt": "", "max_tokens": 4}, None),
+        ("prompt token id out of vocabulary", "POST", "/v1/completions", {"model": model, "prompt": [10**9]}, None),
+        ("prompt token id negative", "POST", "/v1/completions", {"model": model, "prompt": [-1, 5]}, None),
+        ("prompt enormous (200k chars)", "POST", "/v1/completions", {"model": model, "prompt": "word " * 40_000, "max_tokens": 4}, None),
+        ("logit_bias not token ids", "POST", "/v1/completions", {"model": model, "prompt": "hi", "logit_bias": {"abc": 5}}, None),
+        ("logit_bias out of vocabulary", "POST", "/v1/completions", {"model": model, "prompt": "hi", "logit_bias": {"999999999": 5}}, None),
+        ("unknown model", "POST", "/v1/completions", {"model": "no-such-model", "prompt": "hi"}, None),
+        ("unknown model (chat)", "POST", "/v1/chat/completions", {"model": "no-such-model", "messages": user}, None),
+        ("chat messages empty", "POST", "/v1/chat/completions", {"model": model, "messages": []}, None),
+        ("chat messages wrong type", "POST", "/v1/chat/completions", {"model": model, "messages": "hi"}, None),
+        ("chat content wrong type", "POST", "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": 5}]}, None),
+        ("chat messages null", "POST", "/v1/chat/completions", {"model": model, "messages": None}, None),
+        ("chat messages a number", "POST", "/v1/chat/completions", {"model": model, "messages": 5}, None),
+        ("chat content part null", "POST", "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": [None]}]}, None),
+        ("chat content part a number", "POST", "/v1/chat/completions", {"model": model, "messages": [{"role": "system", "content": [5]}]}, None),
+        ("chat message without a role", "POST", "/v1/chat/completions", {"model": model, "messages": [{"author": {"role": "assistant"}, "content": [{"type": "text", "text": "hi"}]}]}, None),
+        ("chat max_tokens huge", "POST", "/v1/chat/completions", {"model": model, "messages": user, "max_tokens": 10**9}, None),
+        ("chat max_completion_tokens negative", "POST", "/v1/chat/completions", {"model": model, "messages": user, "max_completion_tokens": -1}, None),
+        ("chat image for a text model", "POST", "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/x.png"}}]}]}, None),
+        ("chat invalid regex", "POST", "/v1/chat/completions", {"model": model, "messages": user, "structured_outputs": {"regex": "(("}}, None),
+        ("invalid UTF-8", "POST", "/v1/completions", b'{"model": "M", "prompt": "\xff\xfe"}'.replace(b"M", model.encode()), "application/json"),
+        ("lone surrogate", "POST", "/v1/completions", b'{"model": "M", "prompt": "\\ud800"}'.replace(b"M", model.encode()), "application/json"),
+        ("lone surrogate (chat)", "POST", "/v1/chat/completions", b'{"model": "M", "messages": [{"role": "user", "content": "\\udc00"}]}'.replace(b"M", model.encode()), "application/json"),
+        ("number overflow 1e400", "POST", "/v1/completions", b'{"model": "M", "prompt": "hi", "max_tokens": 1e400}'.replace(b"M", model.encode()), "application/json"),
+        ("NaN literal", "POST", "/v1/completions", b'{"model": "M", "prompt": "hi", "temperature": NaN}'.replace(b"M", model.encode()), "application/json"),
+        ("invalid JSON", "POST", "/v1/completions", b'{"model": ', "application/json"),
+        ("JSON not an object", "POST", "/v1/completions", b"[1, 2, 3]", "application/json"),
+        ("JSON nested 5000 deep", "POST", "/v1/completions", b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", "application/json"),
+        ("empty body", "POST", "/v1/completions", b"", "application/json"),
+        ("form body", "POST", "/v1/completions", b"model=x&prompt=hi", "application/x-www-form-urlencoded"),
+        ("text/plain body", "POST", "/v1/chat/completions", b"hello", "text/plain"),
+        ("body over the size limit", "POST", "/v1/completions", b'{"prompt": "' + b"a" * 300_000 + b'"}', "application/json"),
+        ("GET on a POST route", "GET", "/v1/completions", b"", None),
+        ("unknown model card", "GET", "/v1/models/no-such-model", b"", None),
+        ("admin: invalid UTF-8 text", "PUT", "/admin/overrides", b"\xff\xfe", "text/plain"),
+        ("admin: lone surrogate", "PUT", "/admin/overrides", b'{"replica": "\\ud800", "k": 2}', "application/json"),
+        ("admin: number overflow", "PUT", "/admin/overrides", b'{"replica": "*", "k": 1e400}', "application/json"),
+        ("admin: k negative", "PUT", "/admin/overrides", {"replica": "*", "k": -3}, None),
+        ("admin: unknown field", "PUT", "/admin/overrides", {"replica": "*", "k": 2, "colour": "red"}, None),
+        ("admin: history limit huge", "GET", "/admin/history?limit=99999999999999999999", b"", None),
+    ]  # fmt: skip
+
+
+def send_hostile(dep: Deployment) -> list[dict]:
+    """Send every :func:`hostile_requests` case (with valid credentials); returns status and reason per case."""
+    out = []
+    with httpx.Client(base_url=dep.base_url, timeout=120) as client:
+        for case, method, path, body, content_type in hostile_requests(dep.model):
+            headers = dict(dep.admin_headers if path.startswith("/admin") else dep.api_headers)
+            if isinstance(body, dict):
+                r = client.request(method, path, json=body, headers=headers)
+            else:
+                if content_type:
+                    headers["content-type"] = content_type
+                r = client.request(method, path, content=body, headers=headers)
+            out.append(
+                {
+                    "case": case,
+                    "path": path,
+                    "status": r.status_code,
+                    "reason": error_reason(r),
+                    "seconds": round(r.elapsed.total_seconds(), 2),
+                }
+            )
+    return out
+
+
+def error_reason(r: httpx.Response) -> str:
+    """The human-readable reason of an error answer (OpenAI ``error.message`` or FastAPI ``detail``)."""
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text[:200]
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", ""))[:200]
+    if isinstance(body, dict) and "detail" in body:
+        detail = body["detail"]
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+            return f"{detail[0].get('loc')}: {detail[0].get('msg')}"[:200]
+        return str(detail)[:200]
+    return json.dumps(body)[:200]
+
+
+def scenario_bad_telemetry(dep: Deployment, cluster: Cluster) -> dict:
+    """Malformed telemetry pushed straight to the live controller actor: rejected, counted, harmless."""
+    import msgspec
+    import ray
+
+    nan = float("nan")
+    rid = sorted(cluster.snapshot()["replicas"])[0]
+
+    def batch(replica_id: object = rid, **fields: object) -> bytes:
+        # raw msgpack in the wire layout of TelemetryBatch (records are arrays): what a buggy
+        # or hostile sender could put on the wire, which the typed encoder would refuse
+        return msgspec.msgpack.encode({"wire": 1, "replica_id": replica_id, **fields})
+
+    batches: list[object] = [
+        batch(completions=[[nan, 4, "stop"]]),  # NaN
+        batch(completions=[[12, -3, "stop"]]),  # negative
+        batch(completions=[[12, 10**12, "stop"]]),  # absurd length
+        batch(completions=[["x", 4, "stop"]]),  # wrong type
+        batch(completions=[[3, 4, "exploded"]]),  # unknown finish reason
+        batch(steps=[[0, 5, 5, 0, float("inf")]]),  # infinite step time
+        batch(steps=[[0, 5, 5, 0, -1.0]]),  # negative step time
+        batch(steps=[[10**13, 0, 1, 0, 0.1]]),  # absurd token count
+        batch(completions=5),  # records not a list: the batch is unreadable
+        batch(dropped_completions=nan),  # a counter that is not one
+        batch(stats={"preemptions": -7}),
+        batch("no-such-replica", completions=[[12, 4, "stop"]]),  # wrong replica
+        batch(["not", "an", "id"]),
+        b"not a batch at all",
+        msgspec.msgpack.encode({"wire": 99, "replica_id": rid}),  # a wire version from the future
+    ]
+    before = cluster.snapshot()
+    replies = [ray.get(cluster.controller().ingest.remote(b), timeout=10) for b in batches]
+    after = cluster.snapshot()
+    rejected = {k: after["rejected"].get(k, 0) - before["rejected"].get(k, 0) for k in after["rejected"]}
+    return {
+        "batches": len(batches),
+        "rejected": {k: v for k, v in rejected.items() if v},
+        "accepted_completions": after["received"].get("completions", 0) - before["received"].get("completions", 0),
+        "replies_for_unknown": [r is None for r in replies[-4:]],
+        "controller_alive": cluster.ping()["version"] >= 0,
+        "metrics_text": httpx.get(f"{dep.base_url}/metrics", timeout=30).text,
+    }
+
+
+def scenario_secrets(dep: Deployment, cluster: Cluster) -> dict:
+    """Credentials are enforced on the live deployment and appear in no response and no log line."""
+    wrong = "wrong-token-Zx81q"
+    base = dep.base_url
+    body = {"model": dep.model, "prompt": "hi", "max_tokens": 2}
+    checks = {
+        "v1_without_key": httpx.post(f"{base}/v1/completions", json=body, timeout=60).status_code,
+        "v1_wrong_key": httpx.post(f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {wrong}"}, timeout=60).status_code,
+        "v1_with_key": httpx.post(f"{base}/v1/completions", json=body, headers=dep.api_headers, timeout=60).status_code,
+        "tokenize_without_key": httpx.post(f"{base}/tokenize", json={"model": dep.model, "prompt": "hi"}, timeout=60).status_code,
+        "admin_put_without_token": httpx.put(f"{base}/admin/overrides", json={"replica": "*", "k": 2}, timeout=60).status_code,
+        "admin_put_wrong_token": httpx.put(f"{base}/admin/overrides", json={"replica": "*", "k": 2}, headers={"Authorization": f"Bearer {wrong}"}, timeout=60).status_code,
+        "admin_post_wrong_token": httpx.post(f"{base}/admin/recompute", headers={"Authorization": f"Bearer {wrong}"}, timeout=60).status_code,
+        "admin_delete_wrong_token": httpx.delete(f"{base}/admin/overrides/x", headers={"Authorization": f"Bearer {wrong}"}, timeout=60).status_code,
+        "admin_read_with_token": httpx.get(f"{base}/admin/thresholds", headers=dep.admin_headers, timeout=60).status_code,
+    }  # fmt: skip
+    answers = [
+        httpx.post(f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {wrong}"}, timeout=60).text,
+        httpx.put(
+            f"{base}/admin/overrides",
+            json={"replica": "*", "k": 2},
+            headers={"Authorization": f"Bearer {wrong}"},
+            timeout=60,
+        ).text,
+        httpx.get(f"{base}/metrics", timeout=60).text,
+        httpx.get(f"{base}/health", timeout=60).text,
+        httpx.get(f"{base}/openapi.json", timeout=60).text,
+    ]
+    secrets = [s for s in (dep.admin_token, dep.api_key, wrong) if s]
+    echoed = [s for s in secrets if any(s in a for a in answers)]
+    time.sleep(2)  # log lines flush
+    files = [dep.log_path, *(p for p in cluster.session_logs().rglob("*") if p.is_file())]
+    leaks = []
+    for path in files:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        leaks.extend(f"{path.name}: {s[:4]}..." for s in secrets if s.encode() in data)
+    return {"statuses": checks, "echoed": echoed, "log_files_scanned": len(files), "leaks": leaks}
+
+
+def scenario_hostile(dep: Deployment) -> dict:
+    """Every hostile request, then proof the deployment still serves."""
+    answers = send_hostile(dep)
+    ok = httpx.post(
+        f"{dep.base_url}/v1/completions",
+        json={"model": dep.model, "prompt": "still there?", "max_tokens": 4},
+        headers=dep.api_headers,
+        timeout=60,
+    )
+    return {
+        "cases": answers,
+        "bad": [a for a in answers if not (400 <= a["status"] < 500 and a["reason"])],
+        "alive_after": ok.status_code == 200 and httpx.get(f"{dep.base_url}/health", timeout=30).status_code == 200,
+    }
+
+
+def scenario_fuzz(dep: Deployment, examples: int = 15, seed: int = 7) -> dict:
+    """schemathesis (its CLI) over the live ``/openapi.json``, positive and negative cases, no 5xx allowed.
+
+    Three runs so each gets its credentials: ``/admin`` with the admin token, the
+    model routes with the API key, the open routes without either.
+    """
+    import shutil
+
+    exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
+    if exe is None:
+        return {"skipped": "schemathesis is not installed (pip install -e '.[dev]')"}
+    runs = {}
+    for name, regex, headers in (
+        ("admin", "^/admin", dep.admin_headers),
+        ("model API", "^/(v1|tokenize|detokenize)", dep.api_headers),
+        ("open", "^/(metrics|health)", {}),
+    ):
+        cmd = [
+            exe, "run", f"{dep.base_url}/openapi.json",
+            "--checks", "not_a_server_error",
+            "--max-examples", str(examples),
+            "--include-path-regex", regex,
+            "--mode", "all",
+            "--request-timeout", "120",
+            "--seed", str(seed),
+            "--no-color",
+        ]  # fmt: skip
+        for key, value in headers.items():
+            cmd += ["--header", f"{key}: {value}"]
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory() as scratch:  # schemathesis keeps a cache in its working dir
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=scratch)
+        lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        runs[name] = {"exit_code": proc.returncode, "seconds": round(time.monotonic() - t0), "summary": lines[-15:]}
+    return runs
