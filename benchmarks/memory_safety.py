@@ -1,7 +1,7 @@
 """Does the N* guard do its job? EB at the planner's N* vs above it, simulated and on a real engine.
 
-N* is the controller's own: :class:`controller.planner.ThresholdPlanner` sizes it
-from a workload estimate (:class:`controller.estimator.WorkloadEstimator` fed the
+N* is the controller's own: :class:`ebplus.controller.planner.ThresholdPlanner` sizes it
+from a workload estimate (:class:`ebplus.controller.estimator.WorkloadEstimator` fed the
 workload's lengths) and the replica's KV capacity, exactly as it does online.
 Used by ``tests/unit/test_memory_safety_sim.py``, ``tests/engine/test_memory_safety.py``
 and ``benchmarks/reliability_bench.py``.

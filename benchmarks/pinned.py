@@ -1,7 +1,7 @@
 """The pinned scenario profiles and the numbers that pin them: ``python -m benchmarks.pinned``.
 
 Two shipped profiles carry costs the controller's model does not know
-(:class:`~ebplus.controller.cost_model.TrueCosts`), each set so that a fact the
+(:class:`~ebplus.simulator.truth.TrueCosts`), each set so that a fact the
 control loop must cope with holds in simulation:
 
 * ``h200-switch`` - H200 plus a per-phase-switch cost, chosen so that MB is

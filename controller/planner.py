@@ -1,7 +1,7 @@
 """From estimates to thresholds: the EB+ decision for one replica.
 
-The planner turns a workload :class:`~controller.estimator.Estimate` and a
-replica's :class:`~controller.cost_model.CostModel` into ``(mode, k, N)`` using the
+The planner turns a workload :class:`~ebplus.controller.estimator.Estimate` and a
+replica's :class:`~ebplus.controller.cost_model.CostModel` into ``(mode, k, N)`` using the
 closed forms of :mod:`controller.theory`, plus the small amount of state the
 online controller needs: an EMA of ``theta``, gradual growth of ``N``, and the
 hysteresis and cooldown of the EB/MB switch. The simulator and the controller

@@ -1,6 +1,6 @@
 """Metrics the dashboards use that EB+ does not export itself: vLLM's and Ray Serve's.
 
-The app's own ``ebplus_*`` metrics are declared in :data:`controller.exporter.METRICS`.
+The app's own ``ebplus_*`` metrics are declared in :data:`ebplus.controller.exporter.METRICS`.
 Everything else a panel may query is listed here, with where it comes from, so a
 panel cannot reference a name nobody exports. ``tests/observability`` checks every
 entry against the installed packages (vLLM 0.29.0, Ray 2.60.0).

@@ -32,7 +32,7 @@ def metric(name: str, suffix: str = "", **matchers: str) -> str:
     """
     spec = SPECS.get(name) or EXTERNAL.get(name)
     if spec is None:
-        raise KeyError(f"{name} is neither in controller.exporter.METRICS nor in dashboards.external")
+        raise KeyError(f"{name} is neither in ebplus.controller.exporter.METRICS nor in dashboards.external")
     if suffix and spec.kind != "histogram":
         raise ValueError(f"{name} is a {spec.kind}, not a histogram")
     if spec.kind == "histogram" and not suffix:

@@ -2,8 +2,8 @@
 
 ``build_app(args)`` is a Ray Serve application builder: ``ebplus serve`` calls it
 locally and KubeRay's ``serveConfigV2`` names it (``import_path:
-deploy.app:build_app``) with the same mapping as ``args``, validated by
-:class:`deploy.config.ServeConfig`.
+ebplus.deploy.app:build_app``) with the same mapping as ``args``, validated by
+:class:`ebplus.deploy.config.ServeConfig`.
 
 It follows Ray Serve LLM's convention: an ``LLMConfig`` whose ``engine_kwargs``
 select our scheduler (``scheduler_cls``), deployed with
@@ -143,5 +143,5 @@ def build(cfg: ServeConfig, model_source: str | None = None):
 
 
 def build_app(args: dict) -> Any:
-    """Ray Serve application builder (``import_path: deploy.app:build_app``)."""
+    """Ray Serve application builder (``import_path: ebplus.deploy.app:build_app``)."""
     return build(parse_config(args, "application args"))

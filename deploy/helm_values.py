@@ -1,6 +1,6 @@
 """The Helm chart's values, as a schema: ``helm/ebplus/values.schema.json`` is generated from here.
 
-The chart's ``config:`` block *is* a :class:`deploy.config.ServeConfig` (the one
+The chart's ``config:`` block *is* a :class:`ebplus.deploy.config.ServeConfig` (the one
 config schema of a deployment): the chart renders it verbatim as the ``args`` of
 the Ray Serve application in the RayService's ``serveConfigV2``. Everything else
 (images, the Ray head and GPU worker groups, secrets, monitoring, dashboards) is

@@ -326,7 +326,7 @@ def build_profile(name: str, fit: CostFit, m: Measurement, model_name: str, engi
         f"Fitted by `ebplus profile` on {device}, {dt.date.today().isoformat()}: {model_name} on vLLM "
         f"{vllm.__version__}, engine {engine_args}. {fit.n_prefill_steps} prefill-only, {fit.n_decode_steps} "
         f"decode-only and {fit.n_mixed_steps} mixed step shapes (fastest of {len(m.steps)} steps in "
-        f"{m.seconds:.0f} s, rounds interleaved), Huber fits (controller.estimator.CostModelFitter); "
+        f"{m.seconds:.0f} s, rounds interleaved), Huber fits (ebplus.controller.cost_fit.CostModelFitter); "
         "median relative error per kind: "
         + ", ".join(f"{k} {v:.1%}" for k, v in errors.items())
         + ". KV capacity = num_gpu_blocks x block_size of that engine."

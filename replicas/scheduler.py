@@ -8,7 +8,7 @@ the engine-core utility :data:`ebplus.replicas.control.UTILITY`.
 How a step is made (vLLM 0.29.0; the scheduler is not a public API, hence the pin):
 
 1. Before the step the phase machine decides from ``(running, prefilling,
-   waiting)`` what the step may contain (:class:`~replicas.phases.StepPlan`).
+   waiting)`` what the step may contain (:class:`~ebplus.replicas.phases.StepPlan`).
 2. The stock ``schedule()`` runs exactly once, restricted for that one call:
    ``self.running`` is replaced by the requests the plan allows (decoding ones,
    ones with prompt chunks left, or all) and ``max_num_running_reqs`` is lowered

@@ -258,7 +258,7 @@ def test_sync_engine_gets_the_sync_class(eb_tiny: Any) -> None:
 
 
 def test_control_channel_through_asyncllm(tiny_model: Path) -> None:
-    """The replica's route: AsyncLLM (engine core in its own process) + replicas.control.EngineControl."""
+    """The replica's route: AsyncLLM (engine core in its own process) + ebplus.replicas.control.EngineControl."""
 
     async def scenario() -> None:
         from vllm import SamplingParams

@@ -2,7 +2,7 @@
 
 Skipped without ``nvidia-smi`` (see ``tests/conftest.py``). On a GPU vLLM schedules
 asynchronously by default; ``EBPlusScheduler`` must then come up as
-:class:`~replicas.scheduler.EBPlusAsyncScheduler` and give the stock scheduler's
+:class:`~ebplus.replicas.scheduler.EBPlusAsyncScheduler` and give the stock scheduler's
 greedy outputs in every mode. GPU kernels are not batch-invariant (EB batches
 differ from MB batches), so a near-tie may flip a token even in float32: the test
 asks for at least 90% identical sequences, not all.

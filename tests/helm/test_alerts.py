@@ -78,7 +78,7 @@ def test_alerts_read_only_exported_metrics_the_right_way() -> None:
         for metric in used:
             base = next((metric.removesuffix(s) for s in HISTOGRAM_SUFFIXES if metric.endswith(s)), metric)
             spec = SPECS.get(metric) or SPECS.get(base)
-            assert spec is not None, f"{name} reads {metric}, which controller.exporter.METRICS does not export"
+            assert spec is not None, f"{name} reads {metric}, which ebplus.controller.exporter.METRICS does not export"
             wrapped = re.search(rf"\b(rate|increase|irate)\(\s*{metric}\b", expr) is not None
             if spec.kind == "counter":
                 assert wrapped, f"{name}: counter {metric} only through rate()/increase()"

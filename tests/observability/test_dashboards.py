@@ -2,7 +2,7 @@
 
 Static checks (no server): the committed JSON, the Helm chart's copy of it and the docs page
 ``docs/reference/dashboards.md`` are the generator's output; every metric a
-panel or variable query selects is an ``ebplus_*`` metric of ``controller.exporter.METRICS``
+panel or variable query selects is an ``ebplus_*`` metric of ``ebplus.controller.exporter.METRICS``
 or a vLLM / Ray Serve metric of ``dashboards.external`` (whose names
 ``test_external_metrics.py`` checks against the installed vLLM and Ray); histograms are
 only read through ``_bucket``/``_sum``/``_count``; every label a query groups or filters
@@ -102,7 +102,7 @@ def test_every_queried_metric_is_exported(query) -> None:
     for series in names:
         name = base_name(series, HISTOGRAMS)
         spec = SPECS.get(name) or EXTERNAL.get(name)
-        assert spec is not None, f"{series}: not in controller.exporter.METRICS nor dashboards.external"
+        assert spec is not None, f"{series}: not in ebplus.controller.exporter.METRICS nor dashboards.external"
         if spec.kind == "histogram":
             assert series != name, f"{name} is a histogram: query _bucket, _sum or _count"
 
