@@ -138,7 +138,7 @@ class PhaseMachine:
         after_prefill = self._last is not None and self._last.phase is StepKind.PREFILL and not self._last.decode
         if th.active is Mode.MB and after_prefill and view.decoding > 0:
             # EB -> MB right after an exclusive prefill step: the decoders' token first. A mixed step
-            # straight after it would stall them by both steps (0.39 s where EB's bound kept 0.22 s).
+            # straight after it would make them wait for both steps, past the stall EB's bound allows.
             plan = StepPlan(StepKind.DECODE, decode=True, prefill=False, max_admit=0)
         elif th.active is Mode.MB:
             self._refilled_to = None
