@@ -8,8 +8,9 @@ the paper's Figure 1 does, in three sweeps:
 * ``mixed``: steps of ``n_tok`` tokens (Figure 1 holds the batch at 1024) over the decode share
   ``r = n_decode / n_tok`` from 0 to 1, decodes at ``mixed_context`` tokens of context.
 
-Each point has warm-up steps, then ``repeats`` timed ones (CUDA events on a GPU,
-``perf_counter`` on a CPU); the points of the three sweeps are interleaved in a shuffled order,
+Each point has warm-up steps, then ``repeats`` timed ones (CUDA events on a GPU; on a CPU, with
+one torch thread, that thread's CPU time, which other processes on a shared machine do not
+inflate as they do its wall time); the points of the three sweeps are interleaved in a shuffled order,
 so a slow period of the machine spreads over all of them and a run cut at its time budget still
 covers every sweep. It writes ``DIR/points.csv`` (every point, its spread and its samples) and
 ``DIR/run.yaml`` (device, shape, plan), then :mod:`benchmarks.gpu_probe_report` fits the profile
@@ -108,7 +109,8 @@ CPU_PLAN = ProbePlan(
     repeats=9,
     budget_s=120.0,
     # one thread: on a shared 2-core machine a second OpenMP thread waits on a busy core at every
-    # barrier (steps 10x slower and erratic); one thread's steps are slower but steady
+    # barrier (steps 10x slower and erratic); one thread's steps are slower but steady, and timed
+    # by its own CPU time
     threads=1,
 )
 
@@ -289,6 +291,9 @@ def measure(plan: ProbePlan, device_name: str, log=print) -> tuple[list[Measured
         torch.set_num_threads(plan.threads)
     with torch.inference_mode():
         decoder = Decoder(shape, plan.probe_layers, blocks, plan.block_size, device, dtype, plan.seed)
+        if device.type == "cpu" and torch.get_num_threads() == 1:
+            decoder.cpu_clock = time.thread_time  # all of a step runs in this thread: its CPU time
+        timer = "CUDA events" if device.type == "cuda" else decoder.cpu_clock.__name__
         backends = choose_backends(decoder)
         built = time.monotonic() - started
         log(
@@ -334,6 +339,7 @@ def measure(plan: ProbePlan, device_name: str, log=print) -> tuple[list[Measured
         "torch": str(torch.__version__),
         "python": platform.python_version(),
         "sdpa_backends": backends,
+        "timer": timer,
         "model": asdict(shape),
         "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(plan).items()},
         "pool_blocks": blocks,

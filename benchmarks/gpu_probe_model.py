@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -162,6 +162,9 @@ class Decoder:
     ) -> None:
         self.shape, self.probe_layers, self.block_size = shape, probe_layers, block_size
         self.device, self.dtype = device, dtype
+        #: what a CPU step is timed with: wall time, or with one torch thread the thread's CPU time
+        #: (``time.thread_time``), which other processes on a shared machine do not inflate
+        self.cpu_clock: Callable[[], float] = time.perf_counter
         self.gen = torch.Generator().manual_seed(seed)
         dev_gen = torch.Generator(device=device).manual_seed(seed)
         s = shape
@@ -308,7 +311,7 @@ class Decoder:
 
         Synchronised before and after, as an engine step that returns its sampled tokens is.
         """
-        timer = StepTimer(self.device)
+        timer = StepTimer(self.device, self.cpu_clock)
         self.forward(inp, timer)
         start, layers_start, layers_end, end = timer.times()
         total, stack = end - start, layers_end - layers_start
@@ -316,11 +319,12 @@ class Decoder:
 
 
 class StepTimer:
-    """Marks inside a step: CUDA events on a GPU (the GPU's own clock, launch gaps included),
-    ``perf_counter`` on a CPU (where kernels run synchronously)."""
+    """Marks inside a step: CUDA events on a GPU (the GPU's own clock, launch gaps included), the
+    decoder's ``cpu_clock`` on a CPU (where kernels run synchronously in the calling thread)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, cpu_clock: Callable[[], float] = time.perf_counter) -> None:
         self.cuda = device.type == "cuda"
+        self.clock = cpu_clock
         if self.cuda:
             torch.cuda.synchronize(device)
         self._marks: list = []
@@ -331,7 +335,7 @@ class StepTimer:
             event.record()
             self._marks.append(event)
         else:
-            self._marks.append(time.perf_counter())
+            self._marks.append(self.clock())
 
     def times(self) -> list[float]:
         """Seconds of every mark since the first."""

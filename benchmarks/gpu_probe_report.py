@@ -307,7 +307,7 @@ def render(run: dict, rows: list[dict], found: dict, table, notes: list[str], na
         "",
         f"Measured by `{run.get('command', 'python -m benchmarks.gpu_probe')}` on {run['date']} (PyTorch "
         f"{run['torch']}, {plan['probe_layers']} of {shape['layers']} layers run and scaled, {plan['dtype']}, SDPA "
-        f"backends: {backends}; 1-minute load average {load.get('before', '—')} before, {load.get('after', '—')} "
+        f"backends: {backends}; timer: {run.get('timer', '—')}; 1-minute load average {load.get('before', '—')} before, {load.get('after', '—')} "
         f"after). {len(rows)} points ({counts['prefill']} prefill, {counts['decode']} decode, {counts['mixed']} "
         f"mixed), {plan['warmup']} warm-up and {plan['repeats']} timed steps each, measured in "
         f"{run['elapsed_s']:.1f} s (plan estimate {run.get('plan_summary', {}).get('estimated_s', '—')} s); "
