@@ -8,12 +8,13 @@ Reads ``DIR/points.csv`` and ``DIR/run.yaml`` (:mod:`benchmarks.gpu_probe`) and 
   axes, batch and context, are what lets the fit separate ``beta_d`` from ``beta_kv``), in the
   project's profile format (``ebplus simulate --profile DIR/profile.yaml``);
 * ``DIR/interference.png``: step time against the decode share ``r`` like the paper's Figure 1,
-  measured (median, bars from the fastest to the slowest repeat) and as the fitted model prices it;
+  measured (the fastest repeat of each point, a bar up to the median) and as the fitted model prices it;
 * ``DIR/report.md`` (where the fit ran): the fit, r* from the measured curve beside the paper's, and with
   ``simulate`` the simulator's MB / EB / EB+ on the paper workload on this profile beside the
   paper-calibrated H200 one.
 
-r* is read two ways from the measured curve at Figure 1's batch (:func:`interference`): the
+r* is read two ways from the measured curve (the fastest repeat of each point, as the fit reads
+them) at Figure 1's batch (:func:`interference`): the
 *knee*, the break of the best continuous two-segment line through ``T(r)`` (the paper's "roughly
 constant below r*, rising sharply above"), and the first ``r`` where a step costs 10% more than
 the prefill-only step of the same tokens.
@@ -219,11 +220,11 @@ def plot(path: Path, rows: list[dict], run: dict, profile, r_star: float | None)
 
     plan = run["plan"]
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    for i, (n, (r, med, lo, hi)) in enumerate(mixed_curves(rows).items()):
+    for i, (n, (r, med, lo, _)) in enumerate(mixed_curves(rows).items()):
         color = f"C{i}"
         width = 2.0 if n == plan["figure_tokens"] else 1.2
-        ax.errorbar(r, med * 1e3, yerr=[(med - lo) * 1e3, (hi - med) * 1e3], color=color, marker="o", ms=4,
-                    lw=width, capsize=2, label=f"n_tok = {n}, measured (median, fastest to slowest)")  # fmt: skip
+        ax.errorbar(r, lo * 1e3, yerr=[np.zeros_like(lo), (med - lo) * 1e3], color=color, marker="o", ms=4,
+                    lw=width, capsize=2, label=f"n_tok = {n}, measured (fastest repeat, bar to the median)")  # fmt: skip
         if profile is not None:
             grid = np.linspace(0.01, 0.99, 99)
             ax.plot(grid, model_curve(profile, n, plan["mixed_context"], grid) * 1e3, color=color, ls="--", lw=1,
@@ -263,7 +264,8 @@ def make(out: Path, simulate: bool = False, name: str | None = None, command: st
     name = name or f"gpu-probe-{slug}-{shape['name']}"
     curves = mixed_curves(rows)
     found: dict = {"points": len(rows), "timed_steps": sum(len(r["samples_s"]) for r in rows)}
-    found["r_star"] = {n: interference(r, med) for n, (r, med, _, _) in curves.items()}
+    # r* from the fastest repeat of each point, as the fit reads them: other processes only add time
+    found["r_star"] = {n: interference(r, fastest) for n, (r, _, fastest, _) in curves.items()}
     figure = found["r_star"].get(plan["figure_tokens"], {})
     notes, profile = [], None
     try:

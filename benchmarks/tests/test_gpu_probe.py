@@ -98,8 +98,8 @@ def test_points_interleave_the_sweeps_and_hit_each_share() -> None:
 
 
 def test_the_gpu_plan_fits_the_lent_machine() -> None:
-    """The ``--device cuda`` plan by its own estimate: within the 8 minutes the issue allows and the
-    H200's memory (141 GB), with the paper's setting in it."""
+    """The ``--device cuda`` plan by its own estimate: two runs of it (both shapes) within the 8
+    minutes the issue allows even at the time budget, the H200's memory (141 GB), the paper's setting."""
     plan = gpu_probe.CUDA_PLAN
     shape = SHAPES[plan.model]
     pts = gpu_probe.points_of(plan)
@@ -107,7 +107,8 @@ def test_the_gpu_plan_fits_the_lent_machine() -> None:
 
     blocks = pool_blocks_for([Step(p.prompts, p.batch, p.context) for p in pts], plan.block_size)
     summary = gpu_probe.plan_summary(plan, shape, "cuda", 2, blocks)
-    assert summary["estimated_s"] < plan.budget_s <= 480
+    assert summary["estimated_s"] < plan.budget_s
+    assert 2 * (plan.budget_s + gpu_probe.ROOFLINES["cuda"].startup) <= 480
     assert summary["memory_gib"] < 100
     assert plan.figure_tokens == 1024 and plan.prompt_len == 512 and shape.name == "llama-3.1-8b"
     assert 0.8 in plan.mixed_shares and plan.mixed_context == 512
