@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ebplus-installed
 CONFIG ?= deploy/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit lint docs serve models bench-sim bench-controller clean
+.PHONY: install test test-unit lint docs serve models bench-sim bench-controller gpu-probe clean
 
 install: $(STAMP)
 
@@ -48,6 +48,13 @@ bench-sim: install
 # BASELINE=path/to/python: also measure that interpreter's ebplus (an older checkout), run by run
 bench-controller: install
 	$(PY) -m benchmarks.controller_bench $(if $(BASELINE),--baseline $(BASELINE))
+
+# the step-cost probe (PyTorch only): DEVICE=cpu (a tiny shape, seconds) or cuda (Llama-3.1-8B's shape);
+# writes OUT/points.csv, run.yaml, profile.yaml, report.md and interference.png; ARGS: more options
+DEVICE ?= cpu
+OUT ?= benchmarks/results/gpu-probe-$(DEVICE)
+gpu-probe: install
+	$(PY) -m benchmarks.gpu_probe --device $(DEVICE) --out $(OUT) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
