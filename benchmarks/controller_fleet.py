@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import statistics
 import tempfile
 import time
@@ -178,6 +179,14 @@ class Telemetry:
         )
 
 
+#: This checkout's ``FleetController.ingest`` takes the wire form (a baseline checkout's may take the batch itself).
+_WIRE_INGEST = "payload" in inspect.signature(FleetController.ingest).parameters
+
+
+def _push(fc: FleetController, batch: TelemetryBatch) -> None:
+    fc.ingest(encode(batch) if _WIRE_INGEST else batch)  # type: ignore[arg-type]
+
+
 def register_fleet(fc: FleetController, replicas: int) -> None:
     facts = EngineFacts(kv_capacity_tokens=2_000_000, max_num_seqs=1024, device="H200")
     for r in range(replicas):
@@ -198,10 +207,10 @@ def warm_fleet(shape: FleetShape, seed: int, state_dir: str | None = None) -> tu
     for kind in (0, 1, 2):
         for _ in range(per_kind):
             for r in range(shape.replicas):
-                fc.ingest(tel.batch(r, warm_kind=kind))
+                _push(fc, tel.batch(r, warm_kind=kind))
     for _ in range(4):  # finished and running requests in every replica's window
         for r in range(shape.replicas):
-            fc.ingest(tel.batch(r))
+            _push(fc, tel.batch(r))
     fc.recompute("warm")
     return fc, tel
 
@@ -242,7 +251,7 @@ def bench_recompute(fc: FleetController, tel: Telemetry, repeats: int) -> dict[s
     samples = []
     for _ in range(repeats):
         for r in range(tel.shape.replicas):
-            fc.ingest(tel.batch(r))
+            _push(fc, tel.batch(r))
         t0 = time.perf_counter()
         fc.recompute("bench")
         samples.append(time.perf_counter() - t0)

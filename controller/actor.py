@@ -38,6 +38,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from ebplus.controller.config import HEAD_NODE_RESOURCE, ControllerConfig
 from ebplus.controller.fleet import FleetController, Stage
 from ebplus.controller.messages import Registration, WireError, decode, encode
 from ebplus.controller.overrides import OverrideError
-from ebplus.controller.telemetry import decode_batch
+from ebplus.controller.telemetry import intake
 from ebplus.controller.views import ClearResult, ControllerInfo, OverrideResult, Ping, RecomputeResult
 
 ACTOR_NAME = "ebplus-controller"
@@ -393,25 +394,20 @@ class ControllerActor:
         for good. Such a batch is counted (``bad_batch``) and dropped.
         """
         self._ensure_housekeeping()
-        rid = None
         try:
-            batch = decode_batch(payload, self.fleet.rejected)
-            rid = batch.replica_id
             inline = self._inline()
             if inline:
-                update = self.fleet.ingest(batch)
+                update = self.fleet.ingest(payload)
             else:  # a large fleet: absorb only; a re-plan due runs in the background
-                replica, due = self.fleet.absorb(batch)
+                replica, due = self.fleet.absorb(payload)
                 if due is not None:
                     self._replan_soon(due)
                 update = None if replica is None else replica.current
-        except WireError as exc:
-            self.fleet.received["batches"] += 1
-            self.fleet.rejected[exc.reason] += 1
-            return None
         except Exception:
             logger.exception("rejected a telemetry batch that could not be ingested")
             self.fleet.rejected["bad_batch"] += 1
+            batch = intake(payload, Counter())  # the sender, read again (the intake itself never raises)
+            rid = None if batch is None else batch.replica_id
             inline = self._inline()
             update = self.fleet.thresholds(rid) if isinstance(rid, str) and inline else None
             if isinstance(rid, str) and not inline and rid in self.fleet.replicas:

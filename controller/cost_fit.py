@@ -229,7 +229,7 @@ class CostModelFitter:
     def observe_records(self, records: Iterable[StepRecord]) -> None:
         """:meth:`observe_step` for each record, in order, without checking them again.
 
-        For records that passed :func:`ebplus.controller.telemetry.check_step` (the
+        For records that passed :func:`ebplus.controller.telemetry.intake` (the
         controller's path, one call per telemetry batch).
         """
         prefill, decode, mixed = [], [], []

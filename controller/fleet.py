@@ -4,7 +4,7 @@
 and the plain-vLLM plugin wrap, and what the simulator runs in-process, so the
 loop evaluated offline is the one deployed. It
 
-* ingests telemetry batches, validated by :mod:`ebplus.controller.telemetry`
+* ingests telemetry batches as wire bytes, through :func:`ebplus.controller.telemetry.intake`
   (bad records are counted, never raised);
 * keeps one fleet-wide :class:`~ebplus.controller.estimator.WorkloadEstimator`
   (the workload is the same for every replica behind one router) and, per
@@ -44,14 +44,13 @@ from ebplus.controller.messages import (
     Registration,
     RunningRequest,
     StepKind,
-    TelemetryBatch,
     ThresholdUpdate,
 )
 from ebplus.controller.overrides import FLEET, OverrideError, Overrides, Target
 from ebplus.controller.pieces import Pieces
 from ebplus.controller.planner import Plan, ThresholdPlanner
 from ebplus.controller.stats import UPDATE_SECONDS_BUCKETS, Histogram
-from ebplus.controller.telemetry import check_completion, check_running, check_step, clean_batch, valid
+from ebplus.controller.telemetry import intake
 
 logger = logging.getLogger("ebplus.controller")
 
@@ -243,8 +242,8 @@ class FleetController:
 
     # -- telemetry ---------------------------------------------------------
 
-    def ingest(self, batch: TelemetryBatch) -> ThresholdUpdate | None:
-        """Validate and absorb one batch; re-plan when due.
+    def ingest(self, payload: bytes) -> ThresholdUpdate | None:
+        """Validate and absorb one batch (a :class:`TelemetryBatch`, encoded); re-plan when due.
 
         Returns the thresholds the sending replica should run, or ``None`` for an
         unknown replica (the batch is rejected and counted; the replica should
@@ -252,7 +251,7 @@ class FleetController:
         wrong shape is counted (``bad_batch``) and ignored, a bad record is counted
         by reason, and a record already ingested (a late duplicate) is skipped.
         """
-        replica, due = self.absorb(batch)
+        replica, due = self.absorb(payload)
         if replica is None:
             return None
         if due is not None:
@@ -260,35 +259,33 @@ class FleetController:
         self.expire_overrides()
         return replica.current
 
-    def absorb(self, batch: TelemetryBatch) -> tuple[ReplicaState | None, str | None]:
+    def absorb(self, payload: bytes) -> tuple[ReplicaState | None, str | None]:
         """:meth:`ingest` without the re-plan, for a caller that re-plans off the ingest path (the actor of a
         large fleet): the sender's state (``None``: unknown) and the cause of a re-plan now due, if any."""
         self.received["batches"] += 1
-        clean = clean_batch(batch, self.rejected)
-        replica = None if clean is None else self.replicas.get(clean.replica_id)
-        if clean is None or replica is None:
-            if clean is not None:
+        batch = intake(payload, self.rejected)
+        replica = None if batch is None else self.replicas.get(batch.replica_id)
+        if batch is None or replica is None:
+            if batch is not None:
                 self.rejected["unknown_replica"] += 1
             return None, None
         replica.last_seen = self.clock()
         running_mode = self._running_mode(replica)  # what the batch's steps ran: known from the previous push
-        if clean.applied_version is not None:
-            replica.applied_version = clean.applied_version
-        replica.dropped_completions += clean.dropped_completions
-        replica.dropped_steps += clean.dropped_steps
-        if clean.stats is not None:
-            replica.engine_stats = clean.stats
-        completions = valid(self._fresh(replica, "next_completion", clean.completions, clean.completions_from),
-                            check_completion, self.rejected)  # fmt: skip
-        steps = valid(self._fresh(replica, "next_step", clean.steps, clean.steps_from), check_step, self.rejected)
+        replica.applied_version = batch.applied_version
+        replica.dropped_completions += batch.dropped_completions
+        replica.dropped_steps += batch.dropped_steps
+        if batch.stats is not None:
+            replica.engine_stats = batch.stats
+        completions = self._fresh(replica, "next_completion", batch.completions, batch.completions_from)
+        steps = self._fresh(replica, "next_step", batch.steps, batch.steps_from)
         replica_work.absorb_completions(self.received, self.workload, replica.replica_id, completions)
-        running = None if clean.running is None else valid(clean.running, check_running, self.rejected)
+        running = None if batch.running_total < 0 else batch.running  # < 0: not reported
         self._attribute_latency(replica, running_mode, completions, running or ())
         if running is not None:
-            self.workload.observe_running(replica.replica_id, running, clean.running_total)
-        replica.sampling = (clean.request_rate, clean.step_rate)
+            self.workload.observe_running(replica.replica_id, running, batch.running_total)
+        replica.sampling = (batch.request_rate, batch.step_rate)
         # preemptions are counted on the engine, all of them: relate them to all its completions
-        replica.completed_since_plan += round(len(completions) / clean.request_rate)
+        replica.completed_since_plan += round(len(completions) / batch.request_rate)
         replica_work.absorb_steps(self.received, replica, steps, self.config.concurrency_ema)
         if running_mode is not None and steps:
             est = self.workload.estimate
@@ -337,15 +334,15 @@ class FleetController:
             return "cold"
         return None
 
-    def _fresh(self, replica: ReplicaState, cursor: str, records: object, start: int | None) -> tuple:
+    def _fresh(self, replica: ReplicaState, cursor: str, records: list, start: int) -> list:
         """The records of one kind the controller does not have yet.
 
-        ``start`` is the replica's running index of the batch's first record;
-        records below the replica's cursor arrived before (a push that timed out at
-        the replica and was delivered late) and are counted as ``duplicate``.
+        ``start`` is the replica's running index of the batch's first record (-1: not
+        tracked by this sender); records below the replica's cursor arrived before (a
+        push that timed out at the replica and was delivered late) and are counted as
+        ``duplicate``.
         """
-        records = tuple(records)  # type: ignore[arg-type]
-        if start is None:  # not tracked by this sender
+        if start < 0:
             return records
         seen = getattr(replica, cursor)
         skip = min(len(records), max(0, seen - start)) if seen >= 0 else 0

@@ -21,17 +21,45 @@ and the simulator all speak these types.
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
+from msgspec import Meta
 from pydantic import BaseModel, ValidationError
 
 from ebplus.controller.cost_model import CostModel
 
 #: Version of the envelopes below (see the module docstring for what bumps it).
 WIRE_VERSION = 1
+
+# --------------------------------------------------------------------------- limits
+# What the controller accepts from a replica. msgspec checks these bounds when it
+# decodes (in C, on the controller's hot path); building a message in code does not, so
+# a producer never fails on a value the controller would refuse: the controller counts it.
+
+#: Lengths above this are treated as corrupt rather than as real requests.
+MAX_TOKENS_PER_REQUEST = 10_000_000
+#: Steps slower than this are treated as corrupt (a stalled engine reports nothing).
+MAX_STEP_SECONDS = 600.0
+#: A request's TTFT or stall above this (a day) is treated as corrupt.
+MAX_LATENCY_SECONDS = 86_400.0
+#: KV tokens read by one step above this are treated as corrupt.
+MAX_KV_TOKENS = 10**11
+#: Counters (drops, versions, record indices, engine stats) above this are treated as corrupt.
+MAX_COUNT = 2**62
+#: The smallest share of its telemetry a replica may report: below it a batch's counts would be scaled up absurdly.
+MIN_SHARE = 1e-3
+
+Tokens = Annotated[int, Meta(ge=0, le=MAX_TOKENS_PER_REQUEST)]
+Prompt = Annotated[int, Meta(ge=1, le=MAX_TOKENS_PER_REQUEST)]  # a request has at least one prompt token
+Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+Index = Annotated[int, Meta(ge=-1, le=MAX_COUNT)]  # -1: unknown, not tracked, not reported
+Latency = Annotated[float, Meta(ge=0.0, le=MAX_LATENCY_SECONDS)]
+StepSeconds = Annotated[float, Meta(gt=0.0, le=MAX_STEP_SECONDS)]
+KVTokens = Annotated[int, Meta(ge=0, le=MAX_KV_TOKENS)]
+Total = Annotated[float, Meta(ge=0.0, le=MAX_COUNT)]  # a cumulative duration
+Share = Annotated[float, Meta(ge=MIN_SHARE, le=1.0)]
 
 
 class Mode(StrEnum):
@@ -93,7 +121,7 @@ class Message(msgspec.Struct):
             if isinstance(value, cls):
                 return value
             try:
-                return msgspec.convert(value, cls, dec_hook=_dec_hook)
+                return convert(value, cls)
             except msgspec.ValidationError as exc:
                 raise ValueError(str(exc)) from None
 
@@ -179,14 +207,24 @@ class CompletionRecord(Message, frozen=True, array_like=True, gc=False):
     the controller checks each mode's latency targets against them.
     """
 
-    input_len: int
-    output_len: int
+    input_len: Prompt
+    output_len: Tokens
     finish: FinishReason
-    seq: int = -1
-    max_tokens: int = 0
-    cached_tokens: int = 0
-    ttft_s: float = 0.0
-    stall_s: float = 0.0
+    seq: Index = -1
+    max_tokens: Tokens = 0
+    cached_tokens: Tokens = 0
+    ttft_s: Latency = 0.0
+    stall_s: Latency = 0.0
+
+    def problem(self) -> str | None:
+        """The rule its fields' bounds cannot state alone (the reason it is refused), or ``None``:
+        only an abort or an error leaves with no output token."""
+        if self.output_len or self.finish in _NO_OUTPUT:
+            return None
+        return "out_of_range"
+
+
+_NO_OUTPUT = (FinishReason.ABORT, FinishReason.ERROR)
 
 
 class StepRecord(Message, frozen=True, array_like=True, gc=False):
@@ -198,16 +236,21 @@ class StepRecord(Message, frozen=True, array_like=True, gc=False):
     sequences alone confounds the two (see ``CostModelFitter``).
     """
 
-    prefill_tokens: int
-    decode_tokens: int
-    running: int
-    waiting: int
-    seconds: float
-    kv_tokens: int = 0
+    prefill_tokens: Tokens
+    decode_tokens: Tokens
+    running: Tokens
+    waiting: Tokens
+    seconds: StepSeconds
+    kv_tokens: KVTokens = 0
 
     @property
     def kind(self) -> StepKind:
         return StepKind.of(self.prefill_tokens, self.decode_tokens)
+
+    def problem(self) -> str | None:
+        """The rule its fields' bounds cannot state alone (the reason it is refused), or ``None``:
+        a step computed something (an idle step says nothing of the cost model)."""
+        return None if self.prefill_tokens or self.decode_tokens else "empty_step"
 
 
 #: Running requests a drain reports at most, evenly spaced over the running list beyond it
@@ -223,11 +266,11 @@ class RunningRequest(Message, frozen=True, array_like=True, gc=False):
     ``max_tokens``, where it leaves for certain.
     """
 
-    seq: int
-    input_len: int
-    age: int
-    max_tokens: int = 0
-    cached_tokens: int = 0
+    seq: Count
+    input_len: Prompt
+    age: Tokens
+    max_tokens: Tokens = 0
+    cached_tokens: Tokens = 0
 
 
 class EngineFacts(Message, frozen=True):
@@ -243,28 +286,20 @@ class EngineFacts(Message, frozen=True):
 class EngineStats(Message, frozen=True, omit_defaults=True):
     """Cumulative engine counters (never reset: exporters take deltas)."""
 
-    steps_prefill: int = 0
-    steps_decode: int = 0
-    steps_mixed: int = 0
-    steps_idle: int = 0
-    steps_empty_busy: int = 0  # idle steps while requests were running or waiting
-    steps_warmup: int = 0  # timed steps withheld from the telemetry at start
-    preemptions: int = 0
-    phase_switches: int = 0
-    kv_backoffs: int = 0
-    schedule_seconds: float = 0.0  # inside schedule(), vLLM's code included
-    overhead_seconds: float = 0.0  # EB+'s own code in the scheduler
+    steps_prefill: Count = 0
+    steps_decode: Count = 0
+    steps_mixed: Count = 0
+    steps_idle: Count = 0
+    steps_empty_busy: Count = 0  # idle steps while requests were running or waiting
+    steps_warmup: Count = 0  # timed steps withheld from the telemetry at start
+    preemptions: Count = 0
+    phase_switches: Count = 0
+    kv_backoffs: Count = 0
+    schedule_seconds: Total = 0.0  # inside schedule(), vLLM's code included
+    overhead_seconds: Total = 0.0  # EB+'s own code in the scheduler
 
     def steps(self, kind: StepKind) -> int:
         return int(getattr(self, f"steps_{kind.value}"))
-
-    def problem(self, limit: float) -> str | None:
-        """Why these counters are unusable (a value not finite, negative or above ``limit``), or ``None``."""
-        for name in self.__struct_fields__:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= limit:
-                return f"{name}={v!r}"
-        return None
 
 
 class DrainReport(Message, frozen=True, kw_only=True):
@@ -313,6 +348,9 @@ class TelemetryBatch(Message, frozen=True, kw_only=True):
 
     ``request_rate`` / ``step_rate`` are the shares of its requests and engine cycles
     the replica reports (1: all; see ``ebplus.replicas.sampling``).
+
+    The controller reads one with :func:`ebplus.controller.telemetry.intake`, which keeps
+    the valid part of a batch that is not valid as a whole.
     """
 
     wire: int = WIRE_VERSION
@@ -320,16 +358,16 @@ class TelemetryBatch(Message, frozen=True, kw_only=True):
     completions: list[CompletionRecord] = []
     steps: list[StepRecord] = []
     running: list[RunningRequest] = []
-    running_total: int = -1  # -1: the replica does not report running requests
-    applied_version: int = 0
-    dropped_completions: int = 0
-    dropped_steps: int = 0
+    running_total: Index = -1  # -1: the replica does not report running requests
+    applied_version: Count = 0
+    dropped_completions: Count = 0
+    dropped_steps: Count = 0
     sent_at: float = 0.0
     stats: EngineStats | None = None
-    completions_from: int = -1
-    steps_from: int = -1
-    request_rate: float = 1.0
-    step_rate: float = 1.0
+    completions_from: Index = -1
+    steps_from: Index = -1
+    request_rate: Share = 1.0
+    step_rate: Share = 1.0
 
 
 # --------------------------------------------------------------------------- the codec
@@ -366,6 +404,16 @@ T = TypeVar("T")
 def encode(message: msgspec.Struct) -> bytes:
     """The wire form of any message of this module."""
     return _ENCODER.encode(message)
+
+
+def convert(value: Any, kind: Any) -> Any:
+    """``value``, as a generic msgpack decode gives it (builtins), as ``kind`` (any type a message field has),
+    checked as :func:`decode` checks it.
+
+    Raises:
+        msgspec.ValidationError: ``value`` is not a ``kind``.
+    """
+    return msgspec.convert(value, kind, dec_hook=_dec_hook)
 
 
 def decode(data: bytes, kind: type[T]) -> T:

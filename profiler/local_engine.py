@@ -21,6 +21,7 @@ from typing import Any
 
 from ebplus.controller.messages import DrainReport, Mode, ThresholdUpdate, decode, encode
 from ebplus.deploy.config import ServeConfig
+from ebplus.replicas.control import drained
 
 
 @contextlib.contextmanager
@@ -104,4 +105,4 @@ class LocalEngineControl:
         return decode(self.scheduler.ebplus_applied(), ThresholdUpdate)
 
     def drain(self) -> DrainReport:
-        return decode(self.scheduler.ebplus_drain(), DrainReport)
+        return drained(self.scheduler.ebplus_drain())

@@ -25,9 +25,14 @@ the channel exists wherever the scheduler runs, whatever ``VLLM_PLUGINS`` allows
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from typing import Any
 
 from ebplus.controller.messages import DrainReport, ThresholdUpdate, decode, encode
+from ebplus.controller.telemetry import decode_lenient
+
+logger = logging.getLogger(__name__)
 
 UTILITY = "ebplus_call"
 
@@ -84,4 +89,14 @@ class EngineControl:
         return decode(await self._call("ebplus_applied"), ThresholdUpdate)
 
     async def drain(self) -> DrainReport:
-        return decode(await self._call("ebplus_drain"), DrainReport)
+        return drained(await self._call("ebplus_drain"))
+
+
+def drained(payload: bytes) -> DrainReport:
+    """A drain's report, minus any record outside the wire limits (logged): the scheduler builds records
+    unchecked, and one the controller would refuse must not cost the replica the rest of the drain."""
+    refused: Counter[str] = Counter()
+    report = decode_lenient(payload, DrainReport, refused)
+    if refused:
+        logger.warning("the engine reported records the controller would refuse, left out: %s", dict(refused))
+    return report

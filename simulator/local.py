@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ebplus.controller.fleet import FleetController
-from ebplus.controller.messages import DrainReport, Registration, TelemetryBatch, ThresholdUpdate
+from ebplus.controller.messages import DrainReport, Registration, TelemetryBatch, ThresholdUpdate, decode, encode
 from ebplus.replicas.pump import Apply, Cycle, Drain, Register
 
 
@@ -21,17 +21,25 @@ class SyncEngine(Protocol):
 
 
 class LocalController:
-    """An in-process :class:`FleetController` as the cycle's controller (simulator, engine benchmark):
-    typed objects, no encoding, nothing can time out."""
+    """An in-process :class:`FleetController` as the cycle's controller (simulator, engine benchmark).
+
+    Nothing can time out, but every message crosses the codec as it does between a
+    replica and the controller actor, so the controller checks what it hears by the
+    same rules, and the simulator measures the loop as deployed.
+    """
 
     def __init__(self, fleet: FleetController) -> None:
         self.fleet = fleet
 
     def register(self, registration: Registration) -> ThresholdUpdate | None:
-        return self.fleet.register(registration)
+        return _reply(self.fleet.register(decode(encode(registration), Registration)))
 
     def ingest(self, batch: TelemetryBatch) -> ThresholdUpdate | None:
-        return self.fleet.ingest(batch)
+        return _reply(self.fleet.ingest(encode(batch)))
+
+
+def _reply(update: ThresholdUpdate | None) -> ThresholdUpdate | None:
+    return None if update is None else decode(encode(update), ThresholdUpdate)
 
 
 def run(cycle: Cycle, engine: SyncEngine, controller: LocalController) -> None:

@@ -14,6 +14,7 @@ from ebplus.controller.messages import (
     Registration,
     StepRecord,
     TelemetryBatch,
+    encode,
 )
 
 
@@ -51,11 +52,12 @@ def batch(
     completions: Sequence[CompletionRecord] = (),
     steps: Sequence[StepRecord] = (),
     **fields: object,
-) -> TelemetryBatch:
+) -> bytes:
+    """A :class:`TelemetryBatch` as a replica sends it: encoded (``FleetController.ingest`` takes the wire form)."""
     # NOTE: lists only when given sequences: hostile tests hand over garbage on purpose
     comps = list(completions) if isinstance(completions, list | tuple) else completions
     steps_ = list(steps) if isinstance(steps, list | tuple) else steps
-    return TelemetryBatch(replica_id=replica_id, completions=comps, steps=steps_, **fields)  # type: ignore[arg-type]
+    return encode(TelemetryBatch(replica_id=replica_id, completions=comps, steps=steps_, **fields))  # type: ignore[arg-type]
 
 
 def completions(n: int, start: int = 0, input_len: int = 10, finish: FinishReason = FinishReason.STOP) -> list:

@@ -25,6 +25,7 @@ from ebplus.controller.messages import (
     Registration,
     StepRecord,
     TelemetryBatch,
+    encode,
 )
 
 H200 = CostModel(
@@ -53,7 +54,7 @@ class SyntheticApp:
             self.feed()
         self.fleet.set_override(REPLICAS[1], k=9, ttl_s=3600)
         bad = CompletionRecord(-1, 3, FinishReason.STOP)
-        self.fleet.ingest(TelemetryBatch(replica_id=REPLICAS[0], completions=[bad]))  # one rejected record
+        self.fleet.ingest(encode(TelemetryBatch(replica_id=REPLICAS[0], completions=[bad])))  # one rejected record
 
         app = self
 
@@ -117,7 +118,7 @@ class SyntheticApp:
                     applied_version=self.fleet.version,
                     stats=EngineStats(**s),
                 )
-                self.fleet.ingest(batch)
+                self.fleet.ingest(encode(batch))
 
     def _feed_forever(self) -> None:
         while not self.stop.wait(self.interval_s):

@@ -40,7 +40,7 @@ def make_actor(tmp_path: Path, **config: object) -> tuple[ControllerActor, list[
 def push(rid: str, rng: np.random.Generator, n: int = 30) -> bytes:
     comps = [CompletionRecord(200, int(o), FinishReason.STOP) for o in rng.geometric(1 / 80, n)]
     steps = [StepRecord(0, 400, 400, 100, 0.02 + 1e-4 * i) for i in range(n)]
-    return encode(batch(rid, comps, steps))
+    return batch(rid, comps, steps)
 
 
 async def settle(actor: ControllerActor) -> None:

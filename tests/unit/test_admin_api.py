@@ -42,7 +42,7 @@ async def feed(actor: ControllerActor, rounds: int = 2) -> None:
     rng = np.random.default_rng(0)
     for _ in range(rounds):
         comps = [CompletionRecord(512, int(o), FinishReason.STOP) for o in rng.geometric(1 / 256, 100)]
-        await actor.ingest(encode(batch("r0", comps, [StepRecord(0, 900, 900, 400, 0.04)])))
+        await actor.ingest(batch("r0", comps, [StepRecord(0, 900, 900, 400, 0.04)]))
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from ebplus.controller.estimator import WorkloadEstimator
 from ebplus.controller.evidence import _Ledger
 from ebplus.controller.fleet import FleetController, Stage
 from ebplus.controller.messages import CompletionRecord, FinishReason, RunningRequest, StepRecord
-from ebplus.controller.telemetry import check_completion, check_running, check_step, valid
+from ebplus.controller.telemetry import intake
 
 # -- validation ----------------------------------------------------------------------------
 
@@ -76,59 +76,78 @@ good_running = st.builds(
 any_running = st.builds(RunningRequest, ints, ints, ints, ints, ints)
 
 
-def _one_by_one(records: list, check: object) -> tuple[list, Counter]:
+#: The batch field that carries each kind of record.
+FIELD = {CompletionRecord: "completions", StepRecord: "steps", RunningRequest: "running"}
+
+
+def _received(records: list, kind: type) -> tuple[list, Counter]:
+    """What the intake keeps of one batch of ``records``, and what it counts."""
     rejected: Counter[str] = Counter()
-    out = []
-    for raw in records:
-        rec = check(raw)  # type: ignore[operator]
-        if isinstance(rec, str):
-            rejected[rec] += 1
-        else:
-            out.append(rec)
-    return out, rejected
+    got = intake(batch("r0", **{FIELD[kind]: records}), rejected)
+    assert got is not None
+    return getattr(got, FIELD[kind]), rejected
+
+
+def _one_by_one(records: list, kind: type) -> tuple[list, Counter]:
+    """The same records sent one per batch: no record can affect another's fate."""
+    kept: list = []
+    rejected: Counter[str] = Counter()
+    for record in records:
+        got, why = _received([record], kind)
+        kept += got
+        rejected += why
+    return kept, rejected
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(
         [
-            (check_completion, good_completion, _one_field_off(good_completion, CompletionRecord, edges)),
-            (check_completion, good_completion, any_completion),
-            (check_step, good_step, _one_field_off(good_step, StepRecord, edges)),
-            (check_step, good_step, any_step),
-            (check_running, good_running, _one_field_off(good_running, RunningRequest, edges)),
-            (check_running, good_running, any_running),
+            (CompletionRecord, good_completion, _one_field_off(good_completion, CompletionRecord, edges)),
+            (CompletionRecord, good_completion, any_completion),
+            (StepRecord, good_step, _one_field_off(good_step, StepRecord, edges)),
+            (StepRecord, good_step, any_step),
+            (RunningRequest, good_running, _one_field_off(good_running, RunningRequest, edges)),
+            (RunningRequest, good_running, any_running),
         ]
     ),
     st.data(),
 )
 def test_batch_validation_accepts_and_rejects_exactly_as_record_by_record(case, data) -> None:
-    check, good, anything = case
+    """The strict decode of a whole batch, and the lenient one of a batch that fails it, keep and count
+    what each record alone would get."""
+    kind, good, anything = case
     records = data.draw(st.lists(st.one_of(good, good, good, anything), max_size=12) | st.lists(anything, max_size=2))
-    rejected: Counter[str] = Counter()
-    assert valid(records, check, rejected) == _one_by_one(records, check)[0]
-    assert rejected == _one_by_one(records, check)[1]
+    assert _received(records, kind) == _one_by_one(records, kind)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([(CompletionRecord, good_completion), (StepRecord, good_step), (RunningRequest, good_running)]),
+       st.data())  # fmt: skip
+def test_valid_records_arrive_as_sent(case, data) -> None:
+    kind, good = case
+    records = data.draw(st.lists(good, max_size=12))
+    assert _received(records, kind) == (records, Counter())
 
 
 EDGE_VALUES = [-2, -1, 0, 1, 10**7, 10**7 + 1, 2**62, 2**62 + 1, 10**11, 10**11 + 1, True, 2.0, 0.0, -0.5, 600.0,
                600.5, math.inf, math.nan, None, "stop", "x", FinishReason.ABORT, FinishReason.LENGTH]  # fmt: skip
 GOOD = [
-    (check_completion, CompletionRecord(10, 5, FinishReason.STOP, 1, 20, 2)),
-    (check_completion, CompletionRecord(10, 5, FinishReason.ERROR, 1, 20, 2)),
-    (check_step, StepRecord(100, 50, 50, 3, 0.02, 700)),
-    (check_step, StepRecord(0, 50, 50, 3, 0.02, 700)),
-    (check_running, RunningRequest(4, 10, 3, 20, 2)),
+    CompletionRecord(10, 5, FinishReason.STOP, 1, 20, 2),
+    CompletionRecord(10, 5, FinishReason.ERROR, 1, 20, 2),
+    StepRecord(100, 50, 50, 3, 0.02, 700),
+    StepRecord(0, 50, 50, 3, 0.02, 700),
+    RunningRequest(4, 10, 3, 20, 2),
 ]
 
 
-@pytest.mark.parametrize(("check", "good"), GOOD)
-def test_batch_validation_agrees_on_every_field_at_every_edge(check: object, good: object) -> None:
-    for name in type(good).__struct_fields__:
+@pytest.mark.parametrize("good", GOOD)
+def test_batch_validation_agrees_on_every_field_at_every_edge(good: object) -> None:
+    kind = type(good)
+    for name in kind.__struct_fields__:
         for value in EDGE_VALUES:
             records = [good, msgspec.structs.replace(good, **{name: value})]
-            rejected: Counter[str] = Counter()
-            assert valid(records, check, rejected) == _one_by_one(records, check)[0], (name, value)
-            assert rejected == _one_by_one(records, check)[1], (name, value)
+            assert _received(records, kind) == _one_by_one(records, kind), (name, value)
 
 
 # -- the estimator's window ----------------------------------------------------------------

@@ -19,8 +19,10 @@ from ebplus.controller.messages import (
     Mode,
     StepRecord,
     ThresholdUpdate,
+    encode,
 )
 from ebplus.replicas.config import ReplicaSection
+from ebplus.replicas.control import drained
 from ebplus.replicas.profiles import profile_for_device
 from ebplus.replicas.pump import TelemetryOutbox, TelemetryPump, arun
 from ebplus.simulator.local import LocalController, run
@@ -55,6 +57,18 @@ def test_failed_push_keeps_records_for_the_next_try() -> None:
     box.batch("r", 0, None)  # push failed: nothing cleared
     box.add(report(steps=[StepRecord(0, 1, 1, 0, 0.1)]))
     assert len(box.batch("r", 0, None).steps) == 2
+
+
+def test_a_drain_keeps_its_records_around_one_outside_the_wire_limits(caplog: pytest.LogCaptureFixture) -> None:
+    """The scheduler builds records unchecked: a step that spanned a long stall must not cost the whole drain."""
+    good = [StepRecord(0, 4, 4, 0, 0.01), StepRecord(0, 5, 5, 0, 0.02)]
+    stalled = StepRecord(0, 4, 4, 0, 900.0)  # longer than MAX_STEP_SECONDS
+    payload = encode(report(completions(3), [good[0], stalled, good[1]]))
+    with caplog.at_level("WARNING"):
+        got = drained(payload)
+    assert got.steps == good and len(got.completions) == 3 and got.facts == FACTS
+    assert "absurd_value" in caplog.text
+    assert drained(encode(report(completions(3), good))) == report(completions(3), good)
 
 
 @pytest.mark.parametrize(

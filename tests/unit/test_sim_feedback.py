@@ -9,6 +9,8 @@ the load they were made for is gone.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 from factories import batch, registration
@@ -21,7 +23,7 @@ from ebplus.controller.estimator import Estimate, WorkloadEstimator
 from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import CompletionRecord, EngineStats, FinishReason, Mode, StepRecord
 from ebplus.controller.planner import ThresholdPlanner
-from ebplus.controller.telemetry import check_step
+from ebplus.controller.telemetry import intake
 from ebplus.simulator import distributions as dist
 
 KV = CostModel(
@@ -82,9 +84,12 @@ def test_prior_regularised_fit_follows_informative_data() -> None:
 
 
 def test_step_record_kv_tokens_validated() -> None:
-    assert check_step(StepRecord(0, 4, 4, 0, 0.01, 4000)).kv_tokens == 4000
-    assert check_step(StepRecord(0, 4, 4, 0, 0.01)).kv_tokens == 0  # not reported by the engine
-    assert check_step(StepRecord(0, 4, 4, 0, 0.01, -5)) == "negative"
+    rejected: Counter[str] = Counter()
+    steps = [StepRecord(0, 4, 4, 0, 0.01, 4000), StepRecord(0, 4, 4, 0, 0.01), StepRecord(0, 4, 4, 0, 0.01, -5)]
+    received = intake(batch("r0", steps=steps), rejected)
+    assert received is not None
+    assert [s.kv_tokens for s in received.steps] == [4000, 0]  # 0: not reported by the engine
+    assert rejected == {"negative": 1}
 
 
 def test_folded_cost_prices_kv_at_the_mean_context() -> None:

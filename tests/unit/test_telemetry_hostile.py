@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 
 import msgspec
 import pytest
@@ -24,14 +25,16 @@ from ebplus.controller.messages import (
     CompletionRecord,
     EngineFacts,
     EngineStats,
+    FinishReason,
     Mode,
+    RunningRequest,
     StepRecord,
     TelemetryBatch,
     ThresholdUpdate,
     decode,
     encode,
 )
-from ebplus.controller.telemetry import REJECT_REASONS
+from ebplus.controller.telemetry import REJECT_REASONS, intake
 from ebplus.replicas.pump import TelemetryOutbox
 
 
@@ -41,11 +44,11 @@ def make_fleet() -> FleetController:
     return fc
 
 
-# anything pickle can carry
+# anything the codec can carry (a replica's batches reach the controller encoded, FleetController.ingest included)
 scalars = st.one_of(
     st.none(),
     st.booleans(),
-    st.integers(min_value=-(2**80), max_value=2**80),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=8),
     st.binary(max_size=8),
@@ -89,7 +92,7 @@ batches = st.one_of(
 def test_fuzzed_batches_never_raise_and_leave_the_controller_sane(hostile: list) -> None:
     fc = make_fleet()
     for b in hostile:
-        fc.ingest(b)
+        fc.ingest(encode(b))
     # the controller still works: a good batch lands and the numbers it exports are finite
     good = fc.ingest(batch("r0", comps(20), [StepRecord(0, 8, 8, 2, 0.01)]))
     assert good is not None and 1 <= good.k <= good.n
@@ -111,18 +114,20 @@ def test_fuzzed_batches_never_raise_and_leave_the_controller_sane(hostile: list)
         (batch("r0", dropped_steps=float("nan")), "bad_batch"),
         (batch("r0", dropped_completions=float("inf")), "bad_batch"),
         (batch("r0", dropped_completions=-4), "bad_batch"),
-        (batch("r0", dropped_completions=10**30), "bad_batch"),  # absurd
+        (batch("r0", dropped_completions=2**63), "bad_batch"),  # absurd
         (batch("r0", running_total="many"), "bad_batch"),
         (batch("r0", stats=EngineStats(preemptions=float("inf"))), "bad_engine_stats"),  # type: ignore[arg-type]
-        (batch("r0", stats={"preemptions": 3}), "bad_engine_stats"),
+        (batch("r0", stats={"preemptions": "three"}), "bad_engine_stats"),
+        (batch("r0", stats=[1, 2]), "bad_engine_stats"),
         (batch(["unhashable"]), "unknown_replica"),  # type: ignore[arg-type]  # wrong replica id
         (batch("r1"), "unknown_replica"),
-        ("not a batch", "unknown_replica"),
+        (encode("not a batch"), "bad_batch"),  # type: ignore[arg-type]
+        (b"\xc1", "bad_batch"),  # not msgpack
     ],
 )
-def test_malformed_batch_fields_are_counted(hostile: object, reason: str) -> None:
+def test_malformed_batch_fields_are_counted(hostile: bytes, reason: str) -> None:
     fc = make_fleet()
-    fc.ingest(hostile)  # type: ignore[arg-type]
+    fc.ingest(hostile)
     assert fc.rejected[reason] == 1
     assert fc.replicas["r0"].dropped_completions == 0 and fc.replicas["r0"].engine_stats is None
 
@@ -161,6 +166,56 @@ def test_one_bad_record_does_not_cost_the_rest_of_its_batch() -> None:
     assert actor.fleet.rejected["missing_field"] == 1
 
 
+STOP = CompletionRecord(10, 5, FinishReason.STOP, 1, 20, 2, 0.5, 0.1)
+STEP = StepRecord(100, 50, 50, 3, 0.02, 700)
+RUNNING = RunningRequest(4, 10, 3, 20, 2)
+
+
+@pytest.mark.parametrize(
+    ("good", "field", "value", "reason"),
+    [
+        (STOP, "input_len", 0, "out_of_range"),  # a request has a prompt
+        (STOP, "input_len", -1, "negative"),
+        (STOP, "input_len", 10**7 + 1, "absurd_value"),
+        (STOP, "input_len", True, "bad_type"),
+        (STOP, "input_len", 2.0, "bad_type"),  # a count is an integer
+        (STOP, "input_len", None, "missing_field"),
+        (STOP, "output_len", 0, "out_of_range"),  # a natural stop produced a token
+        (STOP, "finish", "nope", "bad_finish_reason"),
+        (STOP, "finish", 3, "bad_finish_reason"),
+        (STOP, "seq", -2, "negative"),  # -1: unknown
+        (STOP, "seq", 2**62 + 1, "absurd_value"),
+        (STOP, "ttft_s", math.inf, "not_finite"),
+        (STOP, "stall_s", -0.5, "negative"),
+        (STOP, "ttft_s", 86_401.0, "absurd_value"),
+        (STOP, "ttft_s", "x", "bad_type"),
+        (STEP, "seconds", 0.0, "out_of_range"),
+        (STEP, "seconds", 600.5, "absurd_value"),
+        (STEP, "seconds", math.nan, "not_finite"),
+        (STEP, "kv_tokens", 10**11 + 1, "absurd_value"),
+        (StepRecord(0, 50, 50, 3, 0.02), "decode_tokens", 0, "empty_step"),
+        (RUNNING, "seq", -1, "negative"),  # a running request has its admission number
+        (RUNNING, "input_len", 0, "out_of_range"),
+        (RUNNING, "age", 10**7 + 1, "absurd_value"),
+    ],
+)
+def test_each_rule_has_its_reason(good: object, field: str, value: object, reason: str) -> None:
+    """One bad field among good records: that record alone is refused, counted under the reason its type gives."""
+    kind = {CompletionRecord: "completions", StepRecord: "steps", RunningRequest: "running"}[type(good)]
+    rejected: Counter[str] = Counter()
+    bad = msgspec.structs.replace(good, **{field: value})
+    received = intake(batch("r0", **{kind: [good, bad, good]}), rejected)
+    assert received is not None and getattr(received, kind) == [good, good]
+    assert rejected == {reason: 1}
+
+
+def test_an_abort_may_leave_without_output() -> None:
+    rejected: Counter[str] = Counter()
+    aborted = [msgspec.structs.replace(STOP, output_len=0, finish=f) for f in (FinishReason.ABORT, FinishReason.ERROR)]
+    received = intake(batch("r0", aborted), rejected)
+    assert received is not None and received.completions == aborted and not rejected
+
+
 def test_a_batch_of_another_wire_version_is_refused_and_counted() -> None:
     actor = ControllerActor(ControllerConfig(update_every=1000), housekeeping=False)
     actor.fleet.register(registration("r0"))
@@ -178,14 +233,14 @@ def test_late_duplicate_of_a_timed_out_push_is_skipped() -> None:
     assert (first.completions_from, len(first.completions)) == (0, 30)
     assert (second.completions_from, len(second.completions)) == (0, 50)
     fc = make_fleet()
-    fc.ingest(first)
-    fc.ingest(second)  # both delivered once the controller resumes
+    fc.ingest(encode(first))
+    fc.ingest(encode(second))  # both delivered once the controller resumes
     assert fc.received["completions"] == 50 and fc.rejected["duplicate"] == 30
     box.clear()  # the replica saw the second succeed
     box.add(drained(comps(5, start=50)))
     third = box.batch("r0", 0, None)
     assert third.completions_from == 50
-    fc.ingest(third)
+    fc.ingest(encode(third))
     assert fc.received["completions"] == 55 and fc.rejected["duplicate"] == 30
 
 
@@ -195,7 +250,7 @@ def test_outbox_overflow_advances_the_index() -> None:
     b = box.batch("r0", 0, None)
     assert b.completions_from == 2 and b.dropped_completions == 2 and len(b.completions) == 4
     fc = make_fleet()
-    fc.ingest(b)
+    fc.ingest(encode(b))
     assert fc.received["completions"] == 4 and fc.rejected["duplicate"] == 0
     assert fc.replicas["r0"].dropped_completions == 2
 
@@ -220,7 +275,7 @@ def test_actor_ingest_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) ->
         raise RuntimeError("boom")
 
     monkeypatch.setattr(actor.fleet, "ingest", explode)
-    reply = asyncio.run(actor.ingest(encode(batch("r0", comps(3)))))
+    reply = asyncio.run(actor.ingest(batch("r0", comps(3))))
     assert reply is not None and decode(reply, ThresholdUpdate).n >= 1
     assert actor.fleet.rejected["bad_batch"] == 1
 
@@ -233,7 +288,7 @@ def test_a_new_version_is_persisted_before_it_is_published(tmp_path) -> None:
     config = ControllerConfig(update_every=10, first_update=10, min_samples=10, state_dir=str(tmp_path))
     actor = ControllerActor(config, housekeeping=False)
     asyncio.run(actor.register(encode(registration("r0"))))
-    reply = decode(asyncio.run(actor.ingest(encode(batch("r0", comps(12), completions_from=0)))), ThresholdUpdate)
+    reply = decode(asyncio.run(actor.ingest(batch("r0", comps(12), completions_from=0))), ThresholdUpdate)
     assert reply.version == 1
     saved = StateStore(str(tmp_path)).load()
     assert saved is not None and saved["version"] == 1 and saved["replicas"]["r0"]["last_plan"]["k"] == reply.k
@@ -248,20 +303,18 @@ def drained(records: list[CompletionRecord]):
 
 def test_running_reports_are_validated_like_the_rest() -> None:
     """Bad running-request entries are rejected and counted by reason; the good ones reach the estimator."""
-    from ebplus.controller.messages import RunningRequest
-
     fc = make_fleet()
     good = [RunningRequest(seq=i, input_len=50, age=10 + i, max_tokens=200) for i in range(5)]
     bad = [
         RunningRequest(seq=-1, input_len=50, age=3),  # a running request always has its admission number
         RunningRequest(seq=7, input_len=0, age=3),
         RunningRequest(seq=8, input_len=50, age=-2),
-        RunningRequest(seq=9, input_len=50, age=float("nan")),  # type: ignore[arg-type]
+        RunningRequest(seq=9, input_len=50, age=float("nan")),  # type: ignore[arg-type]  # a float: not a count
         RunningRequest(seq=10, input_len=50, age=3, max_tokens=10**12),
         "not a request",
     ]
     fc.ingest(batch("r0", running=good + bad, running_total=40))  # type: ignore[arg-type]
-    assert fc.rejected == {"negative": 2, "out_of_range": 1, "not_finite": 1, "absurd_value": 1, "bad_type": 1}
+    assert fc.rejected == {"negative": 2, "out_of_range": 1, "absurd_value": 1, "bad_type": 2}
     window = fc.workload.sample()
     assert window.size == 5 and window.weights.sum() == pytest.approx(40)
     fc.ingest(batch("r0", running_total=-5))  # a count that is not one
