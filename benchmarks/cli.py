@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from benchmarks.outputs import RAW_DIR, SUMMARY_DIR
-from ebplus.simulator.cli import positive_int as _positive_int
+from ebplus.arguments import positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,11 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     b.add_argument("--quick", action="store_true", help="small runs and a coarse sweep (a smoke test, ~1 min)")
-    b.add_argument("--workers", type=_positive_int, default=None, help="processes (default: CPU count)")
+    b.add_argument("--workers", type=positive_int, default=None, help="processes (default: CPU count)")
     b.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
     b.add_argument(
         "--seeds",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="request seeds each value is averaged over (default 3; 1 with --quick)",
     )

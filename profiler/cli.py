@@ -8,15 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+from ebplus.arguments import positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="override model.source (a directory, builtin:smollm2, builtin:tiny)")
     p.add_argument("--name", default=None, help="profile name (default: cpu-<model id> or gpu-<model id>)")
     p.add_argument("--out", type=Path, default=None, help="output YAML (default: controller/profiles/<name>.yaml)")
-    p.add_argument("--rounds", type=_positive_int, default=None, help="measurement rounds (default 3); up to 2 more, one at a time, while a step kind cannot be fitted")
+    p.add_argument("--rounds", type=positive_int, default=None, help="measurement rounds (default 3); up to 2 more, one at a time, while a step kind cannot be fitted")
     p.add_argument("--quick", action="store_true", help="a short plan for smoke tests (two small rounds)")
     p.add_argument("--steps-out", type=Path, default=None, help="also write the raw step rows (JSON lines)")
     p.set_defaults(run=run_profile)
