@@ -61,21 +61,21 @@ METRICS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from benchmarks.cli import _positive_int
+    from ebplus.arguments import positive_int
 
     parser.add_argument("--config", type=Path, default=Path("deploy/local.yaml"), help="deployment config (engine, model)")
     parser.add_argument("--servers", default=DEFAULT_SERVERS, help=f"comma-separated, in order (default {DEFAULT_SERVERS})")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds, every server once per round (default 5)")
-    parser.add_argument("--num-prompts", type=_positive_int, default=16, help="requests per run (default 16)")
-    parser.add_argument("--max-concurrency", type=_positive_int, default=16, help="requests in flight (default 16)")
-    parser.add_argument("--input-len", type=_positive_int, default=256, help="prompt tokens (default 256)")
-    parser.add_argument("--output-len", type=_positive_int, default=128, help="output tokens, ignore_eos (default 128)")
+    parser.add_argument("--num-prompts", type=positive_int, default=16, help="requests per run (default 16)")
+    parser.add_argument("--max-concurrency", type=positive_int, default=16, help="requests in flight (default 16)")
+    parser.add_argument("--input-len", type=positive_int, default=256, help="prompt tokens (default 256)")
+    parser.add_argument("--output-len", type=positive_int, default=128, help="output tokens, ignore_eos (default 128)")
     parser.add_argument(
         "--env", action="append", default=[], metavar="VAR=VALUE",
         help="add to every server's environment (repeatable; e.g. a RAY_SERVE_* setting to try)",
     )  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="add one py-spy pass per server after the rounds")
-    parser.add_argument("--profile-rate", type=_positive_int, default=50, help="py-spy samples/s per process (50)")
+    parser.add_argument("--profile-rate", type=positive_int, default=50, help="py-spy samples/s per process (50)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"Markdown summary (default {DEFAULT_OUT})")
 
 
