@@ -138,8 +138,11 @@ class EBPlusScheduler(Scheduler):
         )
         plan = self.machine.decide(view)
         visible = _visible(running, plan, prefilling)
+        restricted = visible is not running
         cap, budget = self.max_num_running_reqs, self.max_num_scheduled_tokens
-        self.running = visible
+        # NOTE: vLLM preempts by popping from its running list in place. It gets a copy, so that
+        # `visible` still lists what it was shown and _merge drops what it preempted.
+        self.running = list(visible) if restricted else running
         self.max_num_running_reqs = len(visible) + plan.max_admit if plan.prefill else len(visible)
         if plan.max_tokens:  # a prefill step cut for a stall target
             self.max_num_scheduled_tokens = min(budget, plan.max_tokens)
@@ -148,7 +151,7 @@ class EBPlusScheduler(Scheduler):
             out = super().schedule(throttle_prefills)
         finally:
             t2 = time.perf_counter()
-            if visible is not running:
+            if restricted:
                 self.running = _merge(running, visible, self.running)
             self.max_num_running_reqs, self.max_num_scheduled_tokens = cap, budget
         prefill_tokens, decode_tokens, kv_tokens = self._count_tokens(out)
