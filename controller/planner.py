@@ -40,7 +40,7 @@ _OTHER = {Mode.EB: Mode.MB, Mode.MB: Mode.EB}
 
 
 @dataclass(frozen=True)
-class Thresholds:
+class Sizing:
     """theta*, N* and k for one estimate: what a plan sets, before the EB/MB choice."""
 
     theta0: float
@@ -59,7 +59,7 @@ class Thresholds:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan(Thresholds):
+class Plan(Sizing):
     """One decision with everything that produced it (shown by the admin API)."""
 
     active: Mode  # EB or MB
@@ -174,7 +174,7 @@ class ThresholdPlanner:
         )  # fmt: skip
         return self.last
 
-    def _explain(self, estimate: Estimate, th: Thresholds, kv_tokens: float, n_prev: int | None, settled: bool) -> str:
+    def _explain(self, estimate: Estimate, th: Sizing, kv_tokens: float, n_prev: int | None, settled: bool) -> str:
         """Where k and N come from, in one line (the admin API's ``reason`` starts with it)."""
         cfg = self.config
         n_star = th.n_star_clt if cfg.n_star_method == "clt" else th.n_star_paper
@@ -208,7 +208,7 @@ class ThresholdPlanner:
         theta_prev: float | None,
         may_grow: bool = True,
         cycle_s: float = 0.0,
-    ) -> Thresholds:
+    ) -> Sizing:
         """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's.
 
         N shrinks to N* at once; it grows toward N* by at most ``n_growth`` per plan,
@@ -241,7 +241,7 @@ class ThresholdPlanner:
         n_obs_f = max(float(n_obs), 1.0)
         n_eb = max(2, min(n_cap, math.ceil(n_obs_f)))
         k = min(theory.k_star(theta, n_eb), n_eb - 1)
-        return Thresholds(ts.theta0, ts.delta_theta, ts.theta_star, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k)
+        return Sizing(ts.theta0, ts.delta_theta, ts.theta_star, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k)
 
     def _cycle_cost(self, eb: ModeMeasurement | None, cost: CostModel) -> float:
         """EB's measured seconds per cycle beyond what its steps cost in the model (never below -alpha_p / 2)."""
@@ -249,7 +249,7 @@ class ThresholdPlanner:
             return 0.0
         return max(eb.excess_per_phase, -0.5 * cost.alpha_p)
 
-    def _choose_k(self, estimate: Estimate, cost: CostModel, th: Thresholds, cycle_s: float) -> latency.KChoice | None:
+    def _choose_k(self, estimate: Estimate, cost: CostModel, th: Sizing, cycle_s: float) -> latency.KChoice | None:
         """The latency rule (``config.slo``); ``None`` keeps k = theta x N (tolerance 0, no targets).
 
         The tolerance spends throughput the closed forms call flat in k. Where departures are
@@ -322,7 +322,7 @@ class ThresholdPlanner:
         self,
         estimate: Estimate,
         cost: CostModel,
-        th: Thresholds,
+        th: Sizing,
         measured: dict[Mode, ModeMeasurement],
         evidence: ModeEvidence | None,
         explore: bool,
@@ -387,7 +387,7 @@ class ThresholdPlanner:
         measured: dict[Mode, ModeMeasurement],
         estimate: Estimate,
         cost: CostModel,
-        th: Thresholds,
+        th: Sizing,
         cycle_s: float,
         k_choice: latency.KChoice | None,
         load: float | None = None,
