@@ -278,3 +278,21 @@ def test_the_throughput_curve_refuses_bad_input_by_name_as_tp_eb_does() -> None:
     with pytest.raises(ValueError):  # one budget per threshold
         theory.tp_eb_many([1, 2], 10, *H200_ARGS, 512, 256, [None])
 
+
+@pytest.mark.parametrize("value", [1, 7, 2**53, 2**53 + 1, 10**18, 3.0, True, np.int64(5)])
+def test_the_quick_integer_check_answers_as_the_full_one(value: object) -> None:
+    x = float(value)  # type: ignore[arg-type]
+    assert theory.int_at_least("k", value, 1) == int(x)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="k must be an integer >= 2"):
+        theory.int_at_least("k", 1, 2)
+
+
+@pytest.mark.parametrize("value", [1e-300, 2.5, float("inf"), float("nan"), 0.0, -1.0, np.float64(2.0), 3])
+def test_the_quick_positive_check_answers_as_the_full_one(value: float) -> None:
+    try:
+        expected = theory.check_range("x", value, 0.0, math.inf, lo_open=True, hi_open=True)
+    except ValueError:
+        with pytest.raises(ValueError, match="x must be in"):
+            theory._positive("x", value)
+    else:
+        assert theory._positive("x", value) == expected
