@@ -17,20 +17,16 @@ The state (:mod:`ebplus.controller.persistence`) is kept in Ray's internal KV st
 or a file in ``state_dir``, so a restart (``max_restarts``) resumes without a cold
 start.
 
-Fleet scale. A small fleet (:data:`INLINE_RECOMPUTE_REPLICAS`) is re-planned inside the push
-that makes an update due. A large one is re-planned in the background: a push only
-absorbs its telemetry and answers with the thresholds in force, while one re-plan at a
-time runs between pushes, a piece at a time (:meth:`FleetController.recompute_pieces`),
-yielding the event loop every :data:`SLICE_S`; updates due meanwhile are coalesced into
-the next one. Its snapshot is built the same way (:class:`persistence.SnapshotWriter`)
-and written from a thread, before any replica hears of the new version. At 256 replicas a
-re-plan is ~50-100 ms of work: inline, every push queued behind it waited that long.
+Fleet scale. Re-plans, operator changes and the snapshots that persist them run in a
+worker thread (:mod:`ebplus.controller.fleet_worker`); a push that arrives meanwhile is
+answered at once with the thresholds in force and its telemetry absorbed by the worker's
+next round. In a small fleet (:data:`SMALL_FLEET`) a push is answered after the work it
+caused, so the push that makes a re-plan due hears of it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import json
 import logging
@@ -38,29 +34,24 @@ import os
 import sys
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 from ebplus.controller import lifecycle, persistence
 from ebplus.controller.client import ControllerUnavailable
 from ebplus.controller.config import HEAD_NODE_RESOURCE, ControllerConfig
-from ebplus.controller.fleet import FleetController, Stage
+from ebplus.controller.fleet import FleetController
+from ebplus.controller.fleet_worker import FleetWorker
 from ebplus.controller.messages import Registration, WireError, decode, encode
 from ebplus.controller.overrides import OverrideError
 from ebplus.controller.telemetry import intake
-from ebplus.controller.views import ClearResult, ControllerInfo, OverrideResult, Ping, RecomputeResult
+from ebplus.controller.views import ClearResult, ControllerInfo, FleetSnapshot, OverrideResult, Ping, RecomputeResult
 
 ACTOR_NAME = "ebplus-controller"
-#: Fleets of at most this many replicas are re-planned inside the push that makes an update due, whose reply
-#: then carries the new thresholds (a re-plan of 8 replicas is a few milliseconds). Larger ones are re-planned in
-#: the background, between pushes: a push is never held up by a re-plan, its reply carries the last one finished.
-INLINE_RECOMPUTE_REPLICAS = 8
-#: Longest run of background work (re-plan, snapshot) before the event loop serves pushes again.
-SLICE_S = 0.0001
-#: Turns of the event loop background work gives pushes at each pause (:func:`let_pushes_through`).
-YIELD_TURNS = 3
+#: In fleets of at most this many replicas a push is answered after the work it caused (its telemetry absorbed,
+#: the re-plan it made due published: a few milliseconds), so its reply carries the thresholds that work set.
+#: In larger ones a push never waits for a re-plan: its reply carries the last one published.
+SMALL_FLEET = 8
 NAMESPACE = "ebplus"
 STATE_KEY = b"ebplus-controller-state"
 
@@ -100,12 +91,7 @@ class StateStore:
         self.save_bytes(state.model_dump_json().encode())
 
     def save_bytes(self, data: bytes) -> None:
-        """Store a state already serialised as UTF-8 JSON (:class:`~ebplus.controller.persistence.SnapshotWriter`).
-
-        Holds the GIL for no more than a few system calls, so a thread can do it while the
-        event loop serves pushes (a thread that held it to encode a megabyte of text, and
-        was then descheduled on a busy machine, stalled the loop for half a second).
-        """
+        """Store a state already serialised as UTF-8 JSON."""
         if not self.memory_only:
             self._write(self.path, self.key, data)
 
@@ -180,20 +166,6 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-async def let_pushes_through() -> None:
-    """Pause background work for :data:`YIELD_TURNS` turns of the event loop.
-
-    A push that arrived meanwhile is not one callback but a chain, each link queued by the
-    one before it for the next turn: under Ray, the RPC thread's callback starts the call's
-    task, whose first step runs the method; a timer-driven caller (the benchmark's open-loop
-    pushes) adds one more link, the timer waking the task that starts the push. With two
-    turns a three-link push waited for the next piece as well (~0.3 ms at 256 replicas); a
-    turn with nothing ready costs a few microseconds.
-    """
-    for _ in range(YIELD_TURNS):
-        await asyncio.sleep(0)
-
-
 def _ray_connected() -> bool:
     ray = _loaded_ray()
     return ray is not None and ray.is_initialized()
@@ -205,17 +177,17 @@ class ControllerActor:
     Args:
         config: the ``controller:`` section of the deployment config.
         housekeeping: run the background persist/forget loop (off when driven by tests).
-        inline_replicas: fleets up to this size are re-planned on the push path (see the module docstring).
+        small_fleet: fleets up to this size answer a push after the work it caused (see :data:`SMALL_FLEET`).
     """
 
     def __init__(
         self,
         config: ControllerConfig | None = None,
         housekeeping: bool = True,
-        inline_replicas: int = INLINE_RECOMPUTE_REPLICAS,
+        small_fleet: int = SMALL_FLEET,
     ) -> None:
         self.config = config or ControllerConfig()
-        self.inline_replicas = inline_replicas
+        self.small_fleet = small_fleet
         self.fleet = FleetController(self.config)
         self.housekeeping = housekeeping
         self.store = StateStore(self.config.state_dir)
@@ -245,18 +217,13 @@ class ControllerActor:
         self._dirty = False
         self._persisted_version = self.fleet.version
         self._housekeeping: asyncio.Task | None = None
-        # background work of a large fleet (see the module docstring): one at a time, under _exclusive
-        self._exclusive = asyncio.Lock()
-        self._replanner: asyncio.Task | None = None
-        self._replan_cause: str | None = None  # a re-plan asked for and not started yet
-        self._writer = persistence.SnapshotWriter()
+        self.worker = FleetWorker(lambda: self.fleet, self._persist_changed)
+        self._view: FleetSnapshot | None = None
         if _in_ray_actor():  # a process of its own (in-process, the host's garbage is not ours to freeze)
             freeze_startup_objects()
 
-    def _inline(self) -> bool:
-        """Whether the fleet is re-planned on the push path (small, and no background work pending)."""
-        idle = not self._exclusive.locked() and (self._replanner is None or self._replanner.done())
-        return idle and len(self.fleet.replicas) <= self.inline_replicas
+    def _small(self) -> bool:
+        return len(self.fleet.replicas) <= self.small_fleet
 
     def _ensure_housekeeping(self) -> None:
         # started lazily: the actor's event loop is not running in __init__
@@ -271,22 +238,14 @@ class ControllerActor:
             now = time.monotonic()
             late, last = now - last - every, now
             try:
-                if late > 1.0:
-                    # We were not running (process stopped, machine starved): the replicas'
-                    # pushes queued up unanswered, so that silence is ours, not theirs.
-                    logger.warning("controller was paused for %.1f s; replicas are not blamed for it", late)
-                    self.fleet.grace(late)
-                if self._inline():
+                async with self.worker.lock:
+                    if late > 1.0:
+                        # We were not running (process stopped, machine starved): the replicas'
+                        # pushes queued up unanswered, so that silence is ours, not theirs.
+                        logger.warning("controller was paused for %.1f s; replicas are not blamed for it", late)
+                        self.fleet.grace(late)
                     self._forget_stale()
-                    self.persist()
-                else:
-                    async with self._exclusive:
-                        self._forget_stale()
-                        # pushes do not expire overrides here (they never publish): an expired one
-                        # publishes now, persisted before any push is answered
-                        self.fleet.expire_overrides()
-                        self._persist_new_version()
-                        await self._persist_pieces()
+                    await self.worker.run(self.fleet.expire_overrides, force=self._dirty)
             except Exception:  # keep the loop alive whatever happens
                 logger.exception("controller housekeeping failed")
 
@@ -296,75 +255,20 @@ class ControllerActor:
             self._dirty = True
 
     def persist(self, force: bool = False) -> None:
+        """Persist the state now if it changed (or ``force``), from the calling thread: for callers
+        outside the actor's event loop (shutdown, tests); the actor's own go through its worker."""
         if force or self._dirty or self.fleet.version != self._persisted_version:
+            version = self.fleet.version
             self.store.save(self.fleet.state())
-            self._persisted_version = self.fleet.version
+            self._persisted_version = version
             self._dirty = False
 
-    async def _persist_pieces(self) -> None:
-        """:meth:`persist`, serialised a piece at a time and written from a thread.
-
-        Runs under ``_exclusive`` (no re-plan meanwhile). A snapshot overtaken by a new
-        version (an operator's override persists its own) is dropped, never written over it.
-        """
-        if not (self._dirty or self.fleet.version != self._persisted_version):
-            return
-        version = self.fleet.version
-        data = await self._drive(self._writer.pieces(self.fleet))
-        if self.fleet.version != version:
-            return
-        await let_pushes_through()  # the snapshot's last piece, and encoding it, are a slice each
-        encoded = data.encode()
-        await let_pushes_through()
-        await asyncio.to_thread(self.store.save_bytes, encoded)
-        if self.fleet.version == version:
-            self._persisted_version, self._dirty = version, False
-
-    async def _drive(self, steps: Generator[Any, None, Any]) -> Any:
-        """Run a piece-at-a-time generator to its end, yielding the event loop every :data:`SLICE_S`;
-        at :attr:`Stage.PLANNED` (a re-plan) persist before it goes on to publish."""
-        mark = time.perf_counter()
-        while True:
-            try:
-                stage = next(steps)
-            except StopIteration as done:
-                return done.value
-            if stage is Stage.PLANNED:
-                try:
-                    await self._persist_pieces()
-                except Exception:  # the store is down: serve on, the housekeeping loop retries
-                    logger.exception("could not persist the controller state")
-            if time.perf_counter() - mark >= SLICE_S:
-                await let_pushes_through()
-                mark = time.perf_counter()
-
-    async def _replan(self, cause: str) -> int:
-        """One re-plan of the whole fleet in the background (see the module docstring)."""
-        async with self._exclusive:
-            return await self._drive(self.fleet.recompute_pieces(cause))
-
-    def _replan_soon(self, cause: str) -> None:
-        """Ask for a background re-plan; those asked for while one runs make one more after it."""
-        self._replan_cause = self._replan_cause or cause
-        if self._replanner is None or self._replanner.done():
-            self._replanner = asyncio.get_running_loop().create_task(self._replans())
-
-    async def _replans(self) -> None:
-        while self._replan_cause is not None:
-            cause, self._replan_cause = self._replan_cause, None
-            try:
-                await self._replan(cause)
-            except Exception:
-                logger.exception("background re-plan failed")
-
-    def _persist_new_version(self) -> None:
-        """A new decision is persisted before any replica hears of it: a restart then never
-        re-issues a published version number with different thresholds."""
-        if self.fleet.version != self._persisted_version:
-            try:
-                self.persist()
-            except Exception:  # the store is down: serve on, the housekeeping loop retries
-                logger.exception("could not persist the controller state")
+    def _persist_changed(self, force: bool) -> None:
+        """In the worker thread, after a change: persisted if it moved the version (or ``force``). A new
+        version is persisted before any replica hears of it: a restart then never re-issues a published
+        version number with other thresholds."""
+        if force or self.fleet.version != self._persisted_version:
+            self.persist(force=True)
 
     # -- replica-facing (msgpack bytes) -------------------------------------
 
@@ -373,15 +277,11 @@ class ControllerActor:
         self._ensure_housekeeping()
         try:
             registration = decode(payload, Registration)
-            if self._inline():
+            async with self.worker.lock:
                 update = self.fleet.register(registration)
-                self._persist_new_version()
-            else:  # not in the middle of a re-plan: its new version may not be persisted yet
-                async with self._exclusive:
-                    update = self.fleet.register(registration)
         except (WireError, ValueError) as exc:
             logger.warning("refused a replica registration: %s", exc)
-            self.fleet.rejected[getattr(exc, "reason", "bad_batch")] += 1
+            self.worker.counters()[1][getattr(exc, "reason", "bad_batch")] += 1
             return None
         self._dirty = True
         return encode(update)
@@ -394,48 +294,69 @@ class ControllerActor:
         for good. Such a batch is counted (``bad_batch``) and dropped.
         """
         self._ensure_housekeeping()
+        received, rejected = self.worker.counters()
+        rid = None
         try:
-            inline = self._inline()
-            if inline:
-                update = self.fleet.ingest(payload)
-            else:  # a large fleet: absorb only; a re-plan due runs in the background
-                replica, due = self.fleet.absorb(payload)
+            batch = intake(payload, rejected)
+            if batch is None:  # an unreadable envelope: counted by reason
+                received["batches"] += 1
+                return None
+            rid = batch.replica_id
+            self._dirty = True
+            if self.worker.busy:  # the worker has the fleet: its next round absorbs this, in order
+                answer = self.worker.answer(rid)
+                held = await self.worker.hold(batch)
+                if answer is not None and self._small():
+                    await held
+                    answer = self.worker.answer(rid)
+            else:
+                replica, due = self.fleet.absorb_checked(batch)
+                answer = None if replica is None else replica.current
                 if due is not None:
-                    self._replan_soon(due)
-                update = None if replica is None else replica.current
+                    replanned = self.worker.replan_soon(due)
+                    if answer is not None and self._small():
+                        await replanned
+                        answer = self.worker.answer(rid)
         except Exception:
             logger.exception("rejected a telemetry batch that could not be ingested")
-            self.fleet.rejected["bad_batch"] += 1
-            batch = intake(payload, Counter())  # the sender, read again (the intake itself never raises)
-            rid = None if batch is None else batch.replica_id
-            inline = self._inline()
-            update = self.fleet.thresholds(rid) if isinstance(rid, str) and inline else None
-            if isinstance(rid, str) and not inline and rid in self.fleet.replicas:
-                update = self.fleet.replicas[rid].current
-        self._dirty = True
-        if inline:
-            self._persist_new_version()
-        return None if update is None else encode(update)
+            self.worker.counters()[1]["bad_batch"] += 1
+            answer = self.worker.answer(rid) if isinstance(rid, str) else None
+        return None if answer is None else encode(answer)
 
     async def leave(self, replica_id: str) -> bool:
         """A replica shutting down on purpose (scale-down, rolling update) is forgotten at once, not after
         ``stale_replica_s`` of silence; its state is set aside like any forgotten replica's."""
-        if not isinstance(replica_id, str) or not self.fleet.forget(replica_id):
+        if not isinstance(replica_id, str):
             return False
+        async with self.worker.lock:
+            if not self.fleet.forget(replica_id):
+                return False
         logger.info("replica %s left", replica_id)
         self._dirty = True
         return True
 
     # -- operator-facing (JSON) ------------------------------------------------
+    # Reads and changes wait for a running round of the worker: a view is of one state, a change
+    # is persisted before it is answered.
+
+    def view(self) -> FleetSnapshot | None:
+        """The fleet's snapshot for a synchronous reader on the actor's event loop (the plain-vLLM plugin's
+        ``/metrics``): taken now, or while a round of the worker runs, the last one taken (``None``: none yet)."""
+        if not self.worker.running:
+            self._view = self.fleet.snapshot()
+        return self._view
 
     async def snapshot(self) -> str:
         self._ensure_housekeeping()
-        snap = self.fleet.snapshot()
+        async with self.worker.lock:
+            await self.worker.run(self.fleet.expire_overrides)
+            snap = self.fleet.snapshot()
         info = ControllerInfo(started_at=self.started_at, restored=self.restored)
         return snap.model_copy(update={"controller": info}).model_dump_json()
 
     async def history(self, limit: int | None = None) -> str:
-        decisions = self.fleet.history_view(limit)
+        async with self.worker.lock:
+            decisions = self.fleet.history_view(limit)
         return "[" + ",".join(d.model_dump_json() for d in decisions) + "]"
 
     async def set_override(
@@ -447,32 +368,27 @@ class ControllerActor:
         ttl_s: float | None = None,
         force: bool = False,
     ) -> str:
-        async with self._between_replans():
+        def change() -> int:
+            return self.fleet.set_override(replica, mode=mode, k=k, n=n, ttl_s=ttl_s, force=force)
+
+        async with self.worker.lock:
             try:
-                version = self.fleet.set_override(replica, mode=mode, k=k, n=n, ttl_s=ttl_s, force=force)
+                version = await self.worker.run(change)
             except OverrideError as exc:
                 return OverrideResult(error=exc.field, message=exc.message).model_dump_json()
-            self.persist(force=True)  # published already: persisted before any push is answered
-        return OverrideResult(version=version, override=self.fleet.overrides.items[replica]).model_dump_json()
+            override = self.fleet.overrides.items[replica]
+        return OverrideResult(version=version, override=override).model_dump_json()
 
     async def clear_override(self, replica: str) -> str:
-        async with self._between_replans():
-            removed = self.fleet.clear_override(replica)
-            if removed:
-                self.persist(force=True)
-        return ClearResult(removed=removed, version=self.fleet.version).model_dump_json()
+        async with self.worker.lock:
+            removed = await self.worker.run(lambda: self.fleet.clear_override(replica))
+            version = self.fleet.version
+        return ClearResult(removed=removed, version=version).model_dump_json()
 
     async def recompute(self) -> str:
-        if self._inline():
-            version = self.fleet.recompute("operator")
-            self.persist(force=True)
-        else:
-            version = await self._replan("operator")
+        """Re-plan the fleet now, after the telemetry received so far; answered once it is published."""
+        version = await self.worker.replan_soon("operator")
         return RecomputeResult(version=version, estimate=self.fleet.workload.estimate).model_dump_json()
-
-    def _between_replans(self) -> contextlib.AbstractAsyncContextManager:
-        """An operator's change waits for a background re-plan or snapshot to finish (nothing to wait for inline)."""
-        return contextlib.nullcontext() if self._inline() else self._exclusive
 
     async def identity(self) -> str:
         """The code and configuration this controller runs (:func:`ebplus.controller.lifecycle.identity`)."""
@@ -480,9 +396,9 @@ class ControllerActor:
 
     async def checkpoint(self) -> int:
         """Persist the state now (an upgrade stops this controller next); returns the version persisted."""
-        async with self._between_replans():
-            self.persist(force=True)
-        return self.fleet.version
+        async with self.worker.lock:
+            await self.worker.run(lambda: None, force=True)
+            return self.fleet.version
 
     async def ping(self) -> str:
         return Ping(

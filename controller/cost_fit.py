@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ebplus.controller import pieces, theory
+from ebplus.controller import theory
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.messages import StepKind, StepRecord
-from ebplus.controller.pieces import Pieces
 
 #: A fitted fixed cost per step may not fall below this fraction of the median step time of its
 #: kind. Every step pays for a launch, a sampler pass and the scheduler; a fit that drives the
@@ -40,18 +39,6 @@ def robust_linear_fit(
     prior: Iterable[float] | None = None,
     prior_sd: Iterable[float] | None = None,
 ) -> np.ndarray:
-    """:func:`robust_linear_fit_pieces`, run to its end."""
-    return pieces.run(robust_linear_fit_pieces(design, y, lower, iterations, prior, prior_sd))
-
-
-def robust_linear_fit_pieces(
-    design: np.ndarray,
-    y: np.ndarray,
-    lower: Iterable[float] | None = None,
-    iterations: int = 12,
-    prior: Iterable[float] | None = None,
-    prior_sd: Iterable[float] | None = None,
-) -> Pieces[np.ndarray]:
     """Huber regression by iteratively reweighted least squares, with lower bounds and an optional prior.
 
     Each pass weights residuals beyond 1.345 x the MAD-based sigma down (Huber's
@@ -71,8 +58,6 @@ def robust_linear_fit_pieces(
     largest ``y``: a relative sd of a prior coefficient that is exactly 0 (a
     previous fit pinned at its bound, restored as the prior) would otherwise
     give an infinite weight, and the fit NaN.
-
-    One piece per pass (see :mod:`ebplus.controller.pieces`).
     """
     design = np.asarray(design, dtype=float)
     y = np.asarray(y, dtype=float)
@@ -111,7 +96,6 @@ def robust_linear_fit_pieces(
         weights = np.minimum(1.0, cut / np.maximum(abs_r, 1e-300))
         if prior is not None:
             prior_w = (sigma / np.maximum(sd, 1e-300)) ** 2
-        yield
     return coef / scale
 
 
@@ -251,28 +235,26 @@ class CostModelFitter:
     def _sd(self, values: tuple[float, ...], floor: float) -> np.ndarray:
         return self.prior_sd * np.maximum(np.abs(np.asarray(values, dtype=float)), floor)
 
-    def _fit_prefill(self) -> Pieces[tuple[tuple[float, float], bool]]:
+    def _fit_prefill(self) -> tuple[tuple[float, float], bool]:
         prior = self.prior
         default = (prior.alpha_p, prior.beta_p)
         if len(self._prefill) < self.min_steps:
             return default, False
         arr = self._prefill.rows()
-        yield
         n, t = arr[:, 0], arr[:, 1]
         if not self._spread(n):
             return default, False
         design = np.column_stack([np.ones_like(n), n])
         sd = self._sd(default, 0.0)
-        alpha, beta = yield from robust_linear_fit_pieces(design, t, lower=(_alpha_floor(t), 0.0), prior=default, prior_sd=sd)
+        alpha, beta = robust_linear_fit(design, t, lower=(_alpha_floor(t), 0.0), prior=default, prior_sd=sd)
         return (float(alpha), float(beta)), True
 
-    def _fit_decode(self) -> Pieces[tuple[tuple[float, float, float], bool]]:
+    def _fit_decode(self) -> tuple[tuple[float, float, float], bool]:
         prior = self.prior
         default = (prior.alpha_d, prior.beta_d, prior.beta_kv)
         if len(self._decode) < self.min_steps:
             return default, False
         arr = self._decode.rows()
-        yield
         n, kv, t = arr[:, 0], arr[:, 1], arr[:, 2]
         with_kv = bool(kv.any())
         if not (self._spread(n) or (with_kv and self._spread(kv))):
@@ -281,27 +263,22 @@ class CostModelFitter:
             design = np.column_stack([np.ones_like(n), n, kv])
             sd = self._sd(default, 0.0)
             sd[2] = self.prior_sd * max(prior.beta_kv, 1e-3 * prior.beta_d, 1e-12)
-            a, b, k = yield from robust_linear_fit_pieces(design, t, lower=(_alpha_floor(t), 0.0, 0.0), prior=default, prior_sd=sd)
+            a, b, k = robust_linear_fit(design, t, lower=(_alpha_floor(t), 0.0, 0.0), prior=default, prior_sd=sd)
             return (float(a), float(b), float(k)), True
         design = np.column_stack([np.ones_like(n), n])
         sd2 = self._sd(default[:2], 0.0)
-        a, b = yield from robust_linear_fit_pieces(design, t, lower=(_alpha_floor(t), 0.0), prior=default[:2], prior_sd=sd2)
+        a, b = robust_linear_fit(design, t, lower=(_alpha_floor(t), 0.0), prior=default[:2], prior_sd=sd2)
         return (float(a), float(b), 0.0), True
 
     def fit(self) -> CostFit:
-        """Fit the model to the steps held now (:meth:`fit_pieces`, run to its end)."""
-        return pieces.run(self.fit_pieces())
-
-    def fit_pieces(self) -> Pieces[CostFit]:
-        """:meth:`fit` a piece at a time (:mod:`ebplus.controller.pieces`): one per regression pass."""
+        """Fit the model to the steps held now."""
         prior = self.prior
-        (alpha_p, beta_p), got_p = yield from self._fit_prefill()
-        (alpha_d, beta_d, beta_kv), got_d = yield from self._fit_decode()
+        (alpha_p, beta_p), got_p = self._fit_prefill()
+        (alpha_d, beta_d, beta_kv), got_d = self._fit_decode()
         fitted = [name for name, ok in (("prefill", got_p), ("decode", got_d)) if ok]
         alpha_mb, coeffs = prior.alpha_mb, prior.beta_mb
         if len(self._mixed) >= self.min_steps:
             arr = self._mixed.rows()
-            yield
             n = arr[:, 0] + arr[:, 1]
             r = arr[:, 1] / n
             t = arr[:, 3] - beta_kv * arr[:, 2]  # the KV reads priced as in decode steps
@@ -311,7 +288,7 @@ class CostModelFitter:
                 sd = self._sd(pri, 0.0)
                 sd[1:] = self._sd(prior.beta_mb, 0.25 * max(abs(x) for x in prior.beta_mb))
                 lower = (_alpha_floor(t), -np.inf, -np.inf, 0.0)
-                a0, a, b, c = yield from robust_linear_fit_pieces(design, t, lower=lower, prior=pri, prior_sd=sd)
+                a0, a, b, c = robust_linear_fit(design, t, lower=lower, prior=pri, prior_sd=sd)
                 candidate = (float(a), float(b), float(c))
                 # keep the fit only if it is a usable cost curve: >= 0 on all of [0, 1],
                 # the very check CostModel applies (a looser one let a fit through that

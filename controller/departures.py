@@ -48,9 +48,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ebplus.controller import pieces
-from ebplus.controller.pieces import Pieces
-
 #: Ages with fewer requests at risk (weighted) are left out of the goodness-of-fit statistic.
 MIN_AT_RISK = 5.0
 #: Likelihood-ratio statistic a hazard slope must exceed to be fitted (chi-square, 1 dof: 3.84 is the 5% level).
@@ -140,14 +137,14 @@ def _risk_table(sample: Sample, horizon: int) -> tuple[np.ndarray, np.ndarray]:
     return at_risk, events
 
 
-def _fit_hazard_pieces(at_risk: np.ndarray, events: np.ndarray, t0: int) -> Pieces[tuple[float, float]]:
+def _fit_hazard(at_risk: np.ndarray, events: np.ndarray, t0: int) -> tuple[float, float]:
     """Maximum-likelihood ``(p0, eta)`` of ``h(t) = p0 + eta (t - t0)`` for ``t > t0``, ``0 < h < 1``.
 
     The log-likelihood is concave in ``(p0, eta)``: Newton's method with a
     backtracking line search that keeps every ``h`` in ``(0, 1)``, and ``eta`` held
     at its bound 0 when the unconstrained optimum has a negative slope. ``eta`` is
     scaled by the age range so both parameters are of the hazard's order
-    (a general-purpose solver stalled on the raw scales, at ``eta = 0``). One piece per solve.
+    (a general-purpose solver stalled on the raw scales, at ``eta = 0``).
     """
     t = np.arange(at_risk.size)
     keep = (t > t0) & (at_risk > 0)
@@ -196,7 +193,6 @@ def _fit_hazard_pieces(at_risk: np.ndarray, events: np.ndarray, t0: int) -> Piec
         return a, b
 
     a, b = newton(min(pooled, 0.5), 0.0, free_b=False)  # the constant hazard: always feasible
-    yield
     a2, b2 = newton(a, 0.0, free_b=True)
     # With no floor on the lengths (t0 = 0), a slope only where the data show one (a
     # likelihood-ratio test of eta = 0): the constrained estimate max(0, eta) is positive
@@ -244,12 +240,6 @@ def _kaplan_meier(sample: Sample, horizon: int) -> tuple[np.ndarray, np.ndarray]
 
 def fit(sample: Sample) -> DepartureFit:
     """Fit the departure model to a window (see the module docstring). Raises ``ValueError`` on an empty one."""
-    return pieces.run(fit_pieces(sample))
-
-
-def fit_pieces(sample: Sample) -> Pieces[DepartureFit]:
-    """:func:`fit` a piece at a time (:mod:`ebplus.controller.pieces`): each hazard fit, the realized
-    moments and the goodness of fit (one piece of ~1 ms at 256 replicas before it was split)."""
     if sample.size == 0 or float(sample.weights.sum()) <= 0:
         raise ValueError("no requests to fit a departure model to")
     stops = sample.durations[sample.natural]
@@ -261,13 +251,11 @@ def fit_pieces(sample: Sample) -> Pieces[DepartureFit]:
         t0 = int(stops.min()) - 1
         table_horizon = int(sample.durations.max())
         at_risk, counts = _risk_table(sample, table_horizon)
-        p0, eta = yield from _fit_hazard_pieces(at_risk, counts, t0)
+        p0, eta = _fit_hazard(at_risk, counts, t0)
         model = "linear-hazard" if t0 == 0 else "shifted-linear-hazard"
-        yield
     horizon = _horizon(sample, p0, eta, t0)
     surv = _survival(p0, eta, t0, horizon) if model != "caps" else np.ones(horizon + 1)
     mean, second, capped_share, model_surv = _realized(sample, surv, horizon)
-    yield
     km, km_at_risk = _kaplan_meier(sample, horizon)
     seen = km_at_risk >= MIN_AT_RISK
     gof = float(np.max(np.abs(model_surv[seen] - km[seen]))) if seen.any() else 1.0

@@ -37,14 +37,13 @@ import bisect
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ebplus.controller import departures, pieces, theory
+from ebplus.controller import departures, theory
 from ebplus.controller.messages import CompletionRecord, FinishReason, RunningRequest
-from ebplus.controller.pieces import Pieces
 
 Clock = Callable[[], float]
 
@@ -297,11 +296,7 @@ class WorkloadEstimator:
     # -- the fit -----------------------------------------------------------
 
     def sample(self) -> departures.Sample:
-        """The window as arrays (:meth:`sample_pieces`, run to its end)."""
-        return pieces.run(self.sample_pieces())
-
-    def sample_pieces(self) -> Pieces[departures.Sample]:
-        """The window as arrays, one piece per replica (:mod:`ebplus.controller.pieces`).
+        """The window as arrays.
 
         Per replica, every request admitted after the one whose completion is the
         ``window / replicas``-th newest: its finished requests, and its running ones
@@ -311,7 +306,6 @@ class WorkloadEstimator:
         young running requests once more are running than it is long).
         """
         live, share = self._live()
-        yield
         dur, natural, capped, caps, weights, running = [], [], [], [], [], []
         for w, newest in live:
             lo, recent = _recent(w.done, newest, share)
@@ -336,7 +330,6 @@ class WorkloadEstimator:
                 caps.append(r.max_tokens)
                 weights.append(scale)
                 running.append(not at_cap)
-            yield
         return departures.Sample.of(dur, natural, capped, caps, weights, running)
 
     def _live(self) -> tuple[list[tuple[ReplicaWindow, list[int]]], int]:
@@ -353,16 +346,10 @@ class WorkloadEstimator:
 
     def update(self) -> Estimate | None:
         """Fit the window now; ``None`` while fewer than ``min_samples`` finished requests are held."""
-        return pieces.run(self.update_pieces())
-
-    def update_pieces(self) -> Pieces[Estimate | None]:
-        """:meth:`update` a piece at a time (:mod:`ebplus.controller.pieces`): the window replica by
-        replica, then the fit."""
         if self.n_samples < self.min_samples or not self._inputs:
             return None
-        sample = yield from self.sample_pieces()
-        yield
-        fit = yield from departures.fit_pieces(sample)
+        sample = self.sample()
+        fit = departures.fit(sample)
         prompt = float(np.mean(self._inputs))
         computed = prompt - float(np.mean(self._cached))
         if fit.model == "linear-hazard" and fit.gof <= GOF_LIMIT and fit.capped_share <= CAPPED_LIMIT:
@@ -405,25 +392,18 @@ class WorkloadEstimator:
         kept: at fleet scale they are most of the state (256 replicas each holding 500 records
         made a 5 MB snapshot for a window of 500).
         """
-        return self.state_without_windows(dict(self.windows()))
-
-    def windows(self) -> Iterator[tuple[str, ReplicaWindow]]:
-        """Each replica's persisted window (see :meth:`state`), one replica at a time."""
         _, share = self._live()
-        newest = self._newest
-        for rid, w in list(self._replicas.items()):
-            lo, recent = _recent(w.done, newest[rid], share)
-            yield rid, ReplicaWindow(
+        windows = {}
+        for rid, w in self._replicas.items():
+            lo, recent = _recent(w.done, self._newest[rid], share)
+            windows[rid] = ReplicaWindow(
                 done=dict(recent),
                 running=[r for r in w.running if r.seq > lo],
                 running_total=w.running_total,
                 next_seq=w.next_seq,
             )
-
-    def state_without_windows(self, replicas: dict[str, ReplicaWindow]) -> EstimatorState:
-        """:meth:`state` with ``replicas`` as the windows (from :meth:`windows`, gathered meanwhile)."""
         return EstimatorState(
-            replicas=replicas,
+            replicas=windows,
             inputs=list(self._inputs),
             cached=list(self._cached),
             completions=self.completions,

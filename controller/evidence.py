@@ -36,6 +36,7 @@ is still used but counts as stale, so a changed load may be explored again.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -100,10 +101,18 @@ class ModeMeasurement:
 
 
 class _Ledger:
-    """A bounded ring of one mode's steps, as a numpy array so pricing them is one vector pass."""
+    """A bounded ring of one mode's steps, as a numpy array so pricing them is one vector pass.
+
+    Each row's price under a cost model is kept beside it (:meth:`model_seconds`): between two
+    plans a replica's ring gains a push or two of steps and its cost model seldom changes (a
+    refit), so a plan prices the new rows only, not all of them.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.rows = np.zeros((capacity, _COLUMNS))
+        self._priced = np.zeros(capacity)  # each row's seconds under _priced_for
+        self._unpriced = np.ones(capacity, dtype=bool)
+        self._priced_for: CostModel | None = None
         self.size = 0
         self.head = 0
         self.plan = 0
@@ -131,6 +140,8 @@ class _Ledger:
         first = min(len(last), cap - at)
         self.rows[at : at + first] = last[:first]
         self.rows[: len(last) - first] = last[first:]
+        self._unpriced[at : at + first] = True
+        self._unpriced[: len(last) - first] = True
         self.head = (self.head + n) % cap
         self.size = min(self.size + n, cap)
         self.total += n
@@ -138,6 +149,18 @@ class _Ledger:
 
     def view(self) -> np.ndarray:
         return self.rows[: self.size]
+
+    def model_seconds(self, cost: CostModel) -> np.ndarray:
+        """Each held step's seconds under ``cost`` (:meth:`CostModel.steps_seconds`), in :meth:`view`'s order."""
+        if cost is not self._priced_for:
+            self._priced_for = cost
+            self._unpriced[:] = True
+        todo = np.flatnonzero(self._unpriced[: self.size])
+        if todo.size:
+            rows = self.rows[todo]
+            self._priced[todo] = cost.steps_seconds(rows[:, 0], rows[:, 1], rows[:, 2])
+            self._unpriced[todo] = False
+        return self._priced[: self.size]
 
 
 @dataclass(frozen=True)
@@ -240,11 +263,14 @@ class ModeEvidence:
         ledger = self._ledgers.get(mode)
         if ledger is None or not self._enough(mode, ledger):
             return None
-        prefill, decode, kv, seconds, running, starts = ledger.view().T
-        model = cost.steps_seconds(prefill, decode, kv)
+        prefill, decode, _, seconds, running, starts = ledger.view().T
+        model = ledger.model_seconds(cost)
         total = float(seconds.sum())
-        mean_running = float(np.average(running, weights=seconds)) if total > 0 else 0.0
-        mu_l, mu_o = np.median(np.asarray(ledger.lengths), axis=0) if ledger.lengths else (0.0, 0.0)
+        # np.average's and np.median's arithmetic, without their overhead (a plan prices two ledgers)
+        mean_running = float((running * seconds).sum() / total) if total > 0 else 0.0
+        mu_l, mu_o = (0.0, 0.0)
+        if ledger.lengths:
+            mu_l, mu_o = (statistics.median(column) for column in zip(*ledger.lengths, strict=True))
         point = OperatingPoint(running=mean_running, mu_l=float(mu_l), mu_o=float(mu_o))
         return ModeMeasurement(
             mode=mode,

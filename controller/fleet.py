@@ -23,14 +23,13 @@ persistence in :mod:`ebplus.controller.persistence`.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ebplus.controller import persistence, pieces, replica_work, views
+from ebplus.controller import persistence, replica_work, views
 from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_fit import CostFit, CostModelFitter
 from ebplus.controller.cost_model import CostModel
@@ -44,10 +43,10 @@ from ebplus.controller.messages import (
     Registration,
     RunningRequest,
     StepKind,
+    TelemetryBatch,
     ThresholdUpdate,
 )
 from ebplus.controller.overrides import FLEET, OverrideError, Overrides, Target
-from ebplus.controller.pieces import Pieces
 from ebplus.controller.planner import Plan, ThresholdPlanner
 from ebplus.controller.stats import UPDATE_SECONDS_BUCKETS, Histogram
 from ebplus.controller.telemetry import intake
@@ -61,13 +60,6 @@ LOAD_EMA = 0.3
 MAX_SAVED_REPLICAS = 64
 
 Clock = Callable[[], float]
-
-
-class Stage(enum.Enum):
-    """Where :meth:`FleetController.recompute_pieces` pauses."""
-
-    WORKING = "working"  # between two pieces of work: a caller may serve others here
-    PLANNED = "planned"  # every replica re-planned, nothing published yet: persist here
 
 
 @dataclass
@@ -262,12 +254,19 @@ class FleetController:
     def absorb(self, payload: bytes) -> tuple[ReplicaState | None, str | None]:
         """:meth:`ingest` without the re-plan, for a caller that re-plans off the ingest path (the actor of a
         large fleet): the sender's state (``None``: unknown) and the cause of a re-plan now due, if any."""
-        self.received["batches"] += 1
         batch = intake(payload, self.rejected)
-        replica = None if batch is None else self.replicas.get(batch.replica_id)
-        if batch is None or replica is None:
-            if batch is not None:
-                self.rejected["unknown_replica"] += 1
+        if batch is None:
+            self.received["batches"] += 1
+            return None, None
+        return self.absorb_checked(batch)
+
+    def absorb_checked(self, batch: TelemetryBatch) -> tuple[ReplicaState | None, str | None]:
+        """:meth:`absorb` of a batch that came out of :func:`~ebplus.controller.telemetry.intake` (the actor
+        takes it in on its event loop and may hold it for its worker); nothing else may call this."""
+        self.received["batches"] += 1
+        replica = self.replicas.get(batch.replica_id)
+        if replica is None:
+            self.rejected["unknown_replica"] += 1
             return None, None
         replica.last_seen = self.clock()
         running_mode = self._running_mode(replica)  # what the batch's steps ran: known from the previous push
@@ -416,25 +415,17 @@ class FleetController:
 
     def recompute(self, cause: str = "manual") -> int:
         """Re-estimate the workload and re-plan every replica; returns the new version."""
-        return pieces.run(self.recompute_pieces(cause, fine=False))
-
-    def recompute_pieces(self, cause: str = "manual", fine: bool = True) -> Pieces[int]:
-        """:meth:`recompute` a piece at a time (:mod:`ebplus.controller.pieces`), for a caller that serves
-        telemetry between pieces (the actor of a large fleet). Yields :attr:`Stage.PLANNED` once, when every
-        replica is re-planned and nothing published yet (persist there); returns the new version. It
-        re-plans the replicas registered when it started; ``fine`` splits cost refits into their passes."""
         started = time.perf_counter()
-        estimate = yield from self.workload.update_pieces()
+        estimate = self.workload.update()
         self.updates += 1
         replicas = list(self.replicas.values())
         refit = replica_work.refits(replicas, self.updates, self.config.cost_refit_every)
         plans: list[Plan | None] = []
         for replica in replicas:
-            yield Stage.WORKING
             plan = None
-            if estimate is not None and self.replicas.get(replica.replica_id) is replica:
+            if estimate is not None:
                 try:
-                    plan = yield from self._plan(replica, estimate, replica.replica_id in refit, fine)
+                    plan = self._plan(replica, estimate, replica.replica_id in refit)
                 except Exception:
                     # One replica's failed re-plan must not stop the others', nor this
                     # replica's convergence: it keeps its previous plan under the new
@@ -443,20 +434,16 @@ class FleetController:
                     self.plan_errors += 1
             plans.append(plan)
         self.version += 1
-        yield Stage.PLANNED
         for replica, plan in zip(replicas, plans, strict=True):
-            if self.replicas.get(replica.replica_id) is replica:
-                self._publish(replica, cause, estimate, plan)
-            yield Stage.WORKING
+            self._publish(replica, cause, estimate, plan)
         self.last_update_seconds = time.perf_counter() - started
         self.update_seconds.observe(self.last_update_seconds)
         return self.version
 
-    def _plan(self, replica: ReplicaState, estimate: Estimate, refit: bool, fine: bool) -> Pieces[Plan]:
+    def _plan(self, replica: ReplicaState, estimate: Estimate, refit: bool) -> Plan:
         if refit or replica.cost is None:
-            replica.cost = (yield from replica.fitter.fit_pieces()) if fine else replica.fitter.fit()
+            replica.cost = replica.fitter.fit()
             replica.fitted_steps, replica.fitted_at = replica.steps_seen, self.updates
-            yield  # the fit's last pass and the plan are a piece each
         return replica.planner.plan(
             estimate,
             replica.cost.model,

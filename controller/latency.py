@@ -28,6 +28,7 @@ and its share of steps is ``mb_steps``'s; a prompt takes ``s_p`` mixed steps.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -169,6 +170,12 @@ class KChoice:
     reason: str
 
 
+@functools.lru_cache(maxsize=4096)
+def _grid(n: int) -> tuple[int, ...]:
+    """The log-spaced candidate thresholds for a batch of ``n`` (the same for every plan at that ``n``)."""
+    return tuple(int(k) for k in np.unique(np.round(np.geomspace(1, n - 1, min(CANDIDATES, n - 1))).astype(int)))
+
+
 def choose_k(
     k_star: int,
     n: int,
@@ -184,9 +191,11 @@ def choose_k(
     if n < 2:
         raise ValueError(f"n must be >= 2, got {n}")
     k_star = min(max(1, k_star), n - 1)
-    grid = np.unique(np.round(np.geomspace(1, n - 1, min(CANDIDATES, n - 1))).astype(int))
-    ks = sorted({int(k) for k in grid} | {k_star})
-    bounds = {k: prefill_bound(cost, k, n, mu_l, budget, slo, cycle_s) for k in ks}
+    ks = sorted({*_grid(n), k_star})
+    if slo.max_stall_s is None and slo.itl_p99_s is None:  # no stall target: every k unbounded (prefill_bound's answer)
+        bounds = dict.fromkeys(ks, UNBOUNDED)
+    else:
+        bounds = {k: prefill_bound(cost, k, n, mu_l, budget, slo, cycle_s) for k in ks}
     base = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o)
     tps = dict(zip(ks, theory.tp_eb_many(ks, n, *base, [bounds[k].step_budget(budget) for k in ks], cycle_s),
                    strict=True))  # fmt: skip

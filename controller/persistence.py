@@ -21,14 +21,13 @@ shape, and add the step that migrates the old layout in :func:`_migrate`.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ebplus.controller.cost_model import CostModel
-from ebplus.controller.estimator import Estimate, EstimatorState, ReplicaWindow
+from ebplus.controller.estimator import EstimatorState
 from ebplus.controller.overrides import Override
 from ebplus.controller.planner import Plan, PlannerState
 from ebplus.controller.stats import UPDATE_SECONDS_BUCKETS, Histogram
@@ -106,87 +105,6 @@ def dump(fleet: FleetController) -> ControllerState:
         plan_errors=fleet.plan_errors,
         update_seconds=fleet.update_seconds,
     )
-
-
-#: Cached decisions :meth:`SnapshotWriter.pieces` drops a piece: freeing a re-plan's worth at once (256) held
-#: the event loop ~1 ms.
-_DROP_PIECE = 32
-
-
-class SnapshotWriter:
-    """The JSON of :func:`dump`, built a piece at a time so that a large fleet's controller keeps serving.
-
-    At 256 replicas the state is about a megabyte of JSON (every replica's planner state
-    and last plan, a history of 256 decisions): ~40 ms to serialise in one go, on the
-    event loop that answers telemetry pushes. :meth:`pieces` serialises it replica by
-    replica and decision by decision, yielding between pieces, and caches each decision's
-    JSON (they never change) for the next snapshot.
-
-    Pieces are taken at different moments, the header (version, counters, overrides,
-    history) last. The caller makes that safe: it takes a snapshot while no re-plan runs
-    (plans are what must match the version), and drops it if the version moved
-    meanwhile (an operator's override, which persists its own snapshot).
-    """
-
-    _WINDOW = TypeAdapter(ReplicaWindow)
-    _OVERRIDES = TypeAdapter(dict[str, Override])
-    _HEADER = TypeAdapter(dict[str, Any])
-    _ESTIMATE = TypeAdapter(Estimate | None)
-    _HISTOGRAM = TypeAdapter(Histogram)
-
-    def __init__(self) -> None:
-        self._decisions: dict[int, DecisionRecord] = {}  # the history's records whose JSON is built
-
-    def pieces(self, fleet: FleetController) -> Generator[None, None, str]:
-        """Yields between pieces; returns the JSON text (what :func:`parse` reads after ``json.loads``)."""
-        windows = []
-        for rid, window in fleet.workload.windows():
-            windows.append(f"{json.dumps(rid)}:{self._WINDOW.dump_json(window).decode()}")
-            yield
-        replicas = [f"{json.dumps(rid)}:{saved.model_dump_json()}" for rid, saved in fleet.saved.items()]
-        for rid, replica in list(fleet.replicas.items()):
-            replicas.append(f"{json.dumps(rid)}:{saved_replica(replica).model_dump_json()}")
-            yield
-        cached, history = self._decisions, []
-        for record in list(fleet.history):
-            if cached.get(id(record)) is not record:
-                cached[id(record)] = record
-                record.json()
-                yield
-            history.append(record.json())
-        live = {id(d) for d in fleet.history}
-        for dropped, key in enumerate([k for k in cached if k not in live], 1):
-            del cached[key]  # often the last reference to a decision and its plan: each frees ~20 objects
-            if dropped % _DROP_PIECE == 0:
-                yield
-        yield
-        est = fleet.workload.state_without_windows({})
-        inputs, cached = json.dumps(est.inputs), json.dumps(est.cached)
-        yield
-        workload = (
-            f'{{"replicas":{{{",".join(windows)}}},"inputs":{inputs},"cached":{cached},'
-            f'"completions":{est.completions},"pending":{est.pending},"updates":{est.updates},'
-            f'"estimate":{self._ESTIMATE.dump_json(est.estimate).decode()},'
-            f'"first":{self._ESTIMATE.dump_json(est.first).decode()}}}'
-        )
-        replicas_json = ",".join(replicas)
-        yield
-        history_json = ",".join(history)
-        yield
-        header = {
-            "schema_version": SCHEMA_VERSION,
-            "version": fleet.version,
-            "updates": fleet.updates,
-            "received": dict(fleet.received),
-            "rejected": dict(fleet.rejected),
-            "plan_errors": fleet.plan_errors,
-        }
-        return (
-            f"{self._HEADER.dump_json(header).decode()[:-1]},"
-            f'"workload":{workload},"replicas":{{{replicas_json}}},'
-            f'"overrides":{self._OVERRIDES.dump_json(dict(fleet.overrides.items)).decode()},'
-            f'"history":[{history_json}],"update_seconds":{self._HISTOGRAM.dump_json(fleet.update_seconds).decode()}}}'
-        )
 
 
 def _migrate(raw: dict[str, Any]) -> dict[str, Any]:

@@ -67,15 +67,25 @@ def check_range(
 
 
 def _positive(name: str, value: float) -> float:
+    if type(value) is float and 0.0 < value < _INF:  # the common case, answered as check_range would
+        return value
     return check_range(name, value, 0.0, _INF, lo_open=True, hi_open=True)
 
 
 def _non_negative(name: str, value: float) -> float:
+    if type(value) is float and 0.0 <= value < _INF:
+        return value
     return check_range(name, value, 0.0, _INF, hi_open=True)
+
+
+#: Ints up to this size are their own float (larger ones are rounded by :func:`int_at_least`'s conversion).
+_EXACT_INT = 1 << 53
 
 
 def int_at_least(name: str, value: int, lo: int) -> int:
     """``value`` as an int, or ``ValueError`` naming ``name`` unless it is a whole number >= ``lo``."""
+    if type(value) is int and lo <= value <= _EXACT_INT:  # a re-plan checks ~300 of these a replica
+        return value
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -361,7 +371,8 @@ def tp_eb_many(
     out = []
     for k, budget in zip(checked, budgets, strict=True):
         mu_d = mu_o if budget is None else max(mu_o - 1.0, 1e-9)
-        steps = _prefill_steps(k * mu_l, budget)
+        tokens = k * mu_l
+        steps = 1 if budget is None or tokens <= budget else math.ceil(tokens / budget)  # _prefill_steps, inline
         fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * math.log1p(-k / n)
         per_request = fixed / k + beta_p * mu_l + beta_d * mu_d
         out.append(1.0 / per_request)

@@ -10,7 +10,7 @@ ingress and controller run different code, and FastAPI documents them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -145,7 +145,7 @@ class Decision(_View):
     override: Override | None
 
 
-@dataclass(slots=True, eq=False)  # eq=False: identity, as the snapshot writer keys records by id
+@dataclass(slots=True, eq=False)  # eq=False: two decisions alike are still two decisions
 class DecisionRecord:
     """One entry of the history as the controller keeps it; :meth:`decision` is the :class:`Decision` it shows.
 
@@ -156,8 +156,7 @@ class DecisionRecord:
     collections a re-plan triggers walk every one of them, on the event loop that answers
     telemetry. A record is one object that refers to what the decision is made of (the plan,
     the estimate and the thresholds are the controller's own, kept anyway), and builds the
-    view only when it is read: by the admin API's history, and once when it is persisted
-    (:meth:`json`, cached: a decision never changes).
+    view only when it is read: by the admin API's history, and when it is persisted.
     """
 
     version: int
@@ -169,7 +168,6 @@ class DecisionRecord:
     estimate: Estimate | None
     cost_model: CostModel
     override: Override | None
-    _json: str | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, decision: Decision) -> DecisionRecord:
@@ -189,12 +187,6 @@ class DecisionRecord:
             cost_model=self.cost_model,
             override=self.override,
         )
-
-    def json(self) -> str:
-        """:meth:`decision` as JSON, built once."""
-        if self._json is None:
-            self._json = self.decision().model_dump_json()
-        return self._json
 
 
 def replica_view(fleet: FleetController, replica: ReplicaState) -> ReplicaView:

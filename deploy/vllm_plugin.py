@@ -162,8 +162,9 @@ def check_scheduler(vllm_config: Any) -> None:
 class ControllerMetrics(Collector):
     """The controller's ``ebplus_*`` families, read at each scrape of vLLM's registry.
 
-    Scrapes run on the API server's event loop, like the controller, so the
-    snapshot is consistent. ``describe`` is empty: vLLM's names (``vllm:*``) and
+    Scrapes run on the API server's event loop, like the controller, and read its
+    view (:meth:`ControllerActor.view`): one state, even while the controller's
+    worker thread re-plans. ``describe`` is empty: vLLM's names (``vllm:*``) and
     ours (``ebplus_*``) cannot clash, and describing would run a snapshot at
     registration.
     """
@@ -177,7 +178,7 @@ class ControllerMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            snapshot = self.controller.fleet.snapshot()
+            snapshot = self.controller.view()
         except Exception:  # a scrape must not fail vLLM's own metrics
             logger.exception("EB+ controller snapshot failed; ebplus_controller_up is 0")
             snapshot = None

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.messages import (
@@ -16,20 +15,6 @@ from ebplus.controller.messages import (
     TelemetryBatch,
     encode,
 )
-
-
-def drive(pieces: Any, between: Callable[[], None] = lambda: None) -> tuple[Any, int]:
-    """Run a computation in pieces (:mod:`ebplus.controller.pieces`) to its end as the actor does,
-    calling ``between`` at each pause; its result and the number of pauses."""
-    count = 0
-    while True:
-        try:
-            next(pieces)
-        except StopIteration as done:
-            return done.value, count
-        count += 1
-        between()
-
 
 #: A small prior cost model (seconds, seconds/token).
 PRIOR = CostModel(alpha_p=1e-3, beta_p=1e-5, alpha_d=1e-2, beta_d=1e-5, beta_mb=(1e-5, 0.0, 0.0))

@@ -197,3 +197,25 @@ def test_shadow_plans_like_auto_runs_mb_and_shows_the_choice() -> None:
     assert view.planned is Mode.EB and fc.replicas["r"].current.active is Mode.MB
     assert fc.replicas["r"].evidence.mark(Mode.EB) == (0, 0) and view.explorations == 0
     assert view.judgement is not None and view.judgement.mb.measured is not None
+
+
+def test_a_ledger_prices_only_its_new_steps_and_gets_the_whole_pricing_to_the_last_bit() -> None:
+    """What a plan reads (the steps' seconds under its cost model) is priced a push at a time; a ring that
+    wraps, and a cost model that changes (a refit), give what pricing the whole ring at once gives."""
+    from ebplus.controller.evidence import _Ledger
+
+    rng = np.random.default_rng(11)
+    ledger = _Ledger(100)
+    models = [CostModel(alpha_p=1e-3 * (1 + i), beta_p=2e-5, alpha_d=8e-3, beta_d=4e-5, beta_mb=(2e-5, 5e-5, 1e-5),
+                        beta_kv=1e-9 * i) for i in range(3)]  # fmt: skip
+    for push in range(40):
+        kinds = rng.integers(0, 3, int(rng.integers(1, 30)))
+        records = [StepRecord(int(p) * (k != 1), int(d) * (k != 0), 10, 0, 0.01, int(kv))
+                   for k, p, d, kv in zip(kinds, rng.integers(1, 4000, kinds.size), rng.integers(1, 500, kinds.size),
+                                          rng.integers(0, 10**5, kinds.size), strict=True)]  # fmt: skip
+        ledger.add(records)
+        cost = models[push // 15]
+        held = ledger.view()
+        whole = cost.steps_seconds(held[:, 0], held[:, 1], held[:, 2])
+        assert ledger.model_seconds(cost).tolist() == whole.tolist()
+    assert ledger.total > 100 and ledger.size == 100

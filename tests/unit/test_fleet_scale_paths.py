@@ -1,9 +1,8 @@
 """The fleet-scale fast paths give what the straightforward paths gave, record for record.
 
 Validation of a whole batch, bulk absorption, the estimator's window without sorting, the
-cost fitter's ring windows, refits and re-plans in pieces, the snapshot built in pieces:
-each is checked against a plain reference (the code they replaced, or the same code run
-in one go) on random inputs, so the simulator's results (which run the same controller)
+cost fitter's ring windows, the refits an update skips: each is checked against a plain
+reference (the code they replaced) on random inputs, so the simulator's results (which run the same controller)
 cannot drift through them.
 """
 
@@ -16,16 +15,16 @@ from collections import Counter, deque
 import msgspec
 import numpy as np
 import pytest
-from factories import PRIOR, batch, drive, registration
+from factories import PRIOR, batch, registration
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ebplus.controller import persistence, pieces, replica_work
+from ebplus.controller import persistence, replica_work
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_fit import CostModelFitter, _Window
 from ebplus.controller.estimator import WorkloadEstimator
 from ebplus.controller.evidence import _Ledger
-from ebplus.controller.fleet import FleetController, Stage
+from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import CompletionRecord, FinishReason, RunningRequest, StepRecord
 from ebplus.controller.telemetry import intake
 
@@ -238,7 +237,7 @@ def test_ring_window_holds_what_a_bounded_deque_holds(sizes: list[int], size: in
         assert ring.rows().tolist() == [list(map(float, r)) for r in ref]
 
 
-def test_a_fit_in_pieces_is_the_fit_and_bulk_observation_is_per_step_observation() -> None:
+def test_bulk_observation_is_per_step_observation() -> None:
     rng = np.random.default_rng(5)
     one, bulk = CostModelFitter(PRIOR, window=256), CostModelFitter(PRIOR, window=256)
     records = []
@@ -250,11 +249,7 @@ def test_a_fit_in_pieces_is_the_fit_and_bulk_observation_is_per_step_observation
     for rec in records:
         one.observe_step(rec.prefill_tokens, rec.decode_tokens, rec.seconds, rec.kv_tokens)
     bulk.observe_records(records)
-    reference = one.fit()
-    assert bulk.fit() == reference
-    value, count = drive(bulk.fit_pieces())
-    assert value == reference
-    assert count > 3  # the passes of the three regressions are pieces of their own
+    assert bulk.fit() == one.fit()
 
 
 # -- re-plans ------------------------------------------------------------------------------
@@ -283,14 +278,13 @@ def test_refits_skip_replicas_with_no_new_step_and_are_capped_per_update(monkeyp
     fc.recompute("first")  # every replica's first fit (not capped: it has none)
     fitted: list[str] = []
     for replica in fc.replicas.values():
-        fit = replica.fitter.fit_pieces
+        fit = replica.fitter.fit
 
         def counting(fit=fit, rid=replica.replica_id):  # type: ignore[no-untyped-def]
             fitted.append(rid)
-            return (yield from fit())
+            return fit()
 
-        monkeypatch.setattr(replica.fitter, "fit_pieces", counting)
-        monkeypatch.setattr(replica.fitter, "fit", lambda f=counting: pieces.run(f()))
+        monkeypatch.setattr(replica.fitter, "fit", counting)
     fc.recompute("nothing new")
     assert fitted == []  # the same steps would give the same fit
     rounds = []
@@ -302,48 +296,6 @@ def test_refits_skip_replicas_with_no_new_step_and_are_capped_per_update(monkeyp
         rounds.append(list(fitted))
     assert all(len(r) == 3 for r in rounds)  # capped
     assert set().union(*map(set, rounds)) == set(fc.replicas)  # the longest-unrefitted first: all in turn
-
-
-def test_a_replan_in_pieces_with_pushes_in_between_publishes_only_after_it_is_planned() -> None:
-    rng = np.random.default_rng(2)
-    fc = _fleet(6)
-    for r in range(6):
-        _push(fc, f"r{r}", rng)
-    fc.recompute("first")
-    before = {rid: r.current for rid, r in fc.replicas.items()}
-    steps = fc.recompute_pieces("background")
-    stage, seen = None, 0
-    while stage is not Stage.PLANNED:
-        stage = next(steps)
-        seen += 1
-        _push(fc, f"r{seen % 6}", rng)  # pushes between pieces: absorbed, answered with the old thresholds
-        assert {rid: r.current for rid, r in fc.replicas.items() if rid in before} == before
-        if seen == 3:
-            fc.register(registration("late", kv_capacity_tokens=2_000_000, max_num_seqs=1024))
-    assert fc.version == 2  # the new version exists (to be persisted here) but nobody has it yet
-    assert all(r.current.version == 1 for rid, r in fc.replicas.items() if rid in before)
-    assert pieces.run(steps) == 2
-    assert all(fc.replicas[rid].current.version == 2 for rid in before)
-    assert fc.replicas["late"].current.version in (1, 2)  # registered meanwhile: the plan it got
-    assert fc.version == 2 and fc.updates == 2
-
-
-# -- snapshots -----------------------------------------------------------------------------
-
-
-def test_a_snapshot_built_in_pieces_is_the_state() -> None:
-    rng = np.random.default_rng(4)
-    fc = _fleet(5)
-    for _ in range(3):
-        for r in range(5):
-            _push(fc, f"r{r}", rng)
-        fc.recompute("periodic")
-    fc.set_override("r1", k=3, ttl_s=60)
-    fc.forget("r4")  # kept aside: a snapshot must hold it too
-    writer = persistence.SnapshotWriter()
-    for _ in range(2):  # the second time from the cached decisions
-        built = pieces.run(writer.pieces(fc))
-        assert persistence.parse(json.loads(built)) == persistence.parse(json.loads(fc.state().model_dump_json()))
 
 
 # -- the evidence ledger -------------------------------------------------------------------

@@ -86,3 +86,11 @@ def test_what_the_requests_saw_overrides_the_prediction() -> None:
     mb = plan.judgement.mb
     assert mb.latency_measured is not None and mb.latency.ttft_p99 == pytest.approx(6.0) and mb.meets is False
     assert plan.judgement.eb.latency_measured is None and plan.active is Mode.EB
+
+
+@pytest.mark.parametrize("n", [2, 3, 49, 50, 1024])
+def test_the_candidate_grid_is_the_log_spaced_thresholds(n: int) -> None:
+    import numpy as np
+
+    expected = sorted({int(k) for k in np.unique(np.round(np.geomspace(1, n - 1, min(latency.CANDIDATES, n - 1))))})
+    assert list(latency._grid(n)) == expected

@@ -4,6 +4,9 @@
 persisted (written by that code: ``tests/data/make_controller_state.py``). Its layout
 differs from today's in the workload window and in the plans' crossover, under the
 same schema number 1; today's code must resume from it without a cold start.
+``controller-state-1d4a85c.json`` is schema 2 as the last controller that wrote its
+snapshot as hand-built JSON text wrote it; today's models must read it and write it back
+the same.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from ebplus.controller.config import ControllerConfig
 from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import Mode, StepRecord
 
-PREVIOUS = json.loads((Path(__file__).resolve().parents[1] / "data" / "controller-state-b0f895d.json").read_text())
+DATA = Path(__file__).resolve().parents[1] / "data"
+PREVIOUS = json.loads((DATA / "controller-state-b0f895d.json").read_text())
+HAND_WRITTEN = json.loads((DATA / "controller-state-1d4a85c.json").read_text())
 
 
 def resumed(raw: dict) -> FleetController:
@@ -83,6 +88,20 @@ def test_todays_state_round_trips_under_the_current_version() -> None:
     assert again.version == fleet.version and again.workload.estimate == fleet.workload.estimate
     # the code between the layout change and the version bump wrote today's layout as version 1
     assert resumed({**dumped, "schema_version": 1}).workload.estimate == fleet.workload.estimate
+
+
+def test_the_hand_written_snapshot_resumes_and_is_written_back_the_same() -> None:
+    config = ControllerConfig(update_every=40, min_samples=20, history=24, planner={"min_concurrency": 2, "cooldown": 0})
+    fleet = FleetController(config)
+    fleet.restore(persistence.parse(HAND_WRITTEN))
+    assert json.loads(fleet.state().model_dump_json()) == HAND_WRITTEN  # every field, as the models write it
+    assert set(fleet.saved) == {"rep-a", "rep-b", "rep-c", "rep-d"} and "rep-b" in fleet.overrides.items
+    saved = HAND_WRITTEN["replicas"]["rep-c"]["last_plan"]
+    update = fleet.register(registration("rep-c", mode=Mode.EB, kv_capacity_tokens=28000, max_num_seqs=16))
+    assert (update.k, update.n, update.version) == (saved["k"], saved["n_cap"], HAND_WRITTEN["version"])
+    assert update.mode is Mode.EB and "rep-d" in fleet.saved  # rep-d was forgotten: still set aside
+    override = fleet.register(registration("rep-b", kv_capacity_tokens=24000, max_num_seqs=16))
+    assert override.k == 3  # the operator's pin survived
 
 
 def test_a_newer_state_is_refused_naming_both_versions() -> None:

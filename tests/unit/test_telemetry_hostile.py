@@ -274,7 +274,7 @@ def test_actor_ingest_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) ->
     def explode(b: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(actor.fleet, "ingest", explode)
+    monkeypatch.setattr(actor.fleet, "absorb_checked", explode)
     reply = asyncio.run(actor.ingest(batch("r0", comps(3))))
     assert reply is not None and decode(reply, ThresholdUpdate).n >= 1
     assert actor.fleet.rejected["bad_batch"] == 1

@@ -248,3 +248,51 @@ def test_cost_model_rejects_a_curve_that_dips_below_zero_between_samples() -> No
 def test_theta0_of_a_decode_step_priced_near_zero_is_near_one_not_an_error() -> None:
     """A cost fit at its floor (alpha_d ~ 1e-9 s) must not make a re-plan raise: theta0 -> 1."""
     assert 0.999 < theory.theta0(0.02, 0.05, 7.5e-10) < 1.0
+
+
+# -- the latency rule's throughput curve ---------------------------------------------------
+
+H200_ARGS = (1.2786e-3, 8.921e-3, 2.4853e-5, 4.586e-5)  # alpha_p, alpha_d, beta_p, beta_d: tp_eb's order
+
+
+def test_the_throughput_curve_is_tp_eb_at_each_threshold_to_the_last_bit() -> None:
+    n = 1024
+    ks = [1, 2, 7, 40, 100, 511, 1000, 1023]
+    for budget in (None, 8192, 512.0):
+        for mu_l, mu_o, cycle in ((512.0, 256.0, 0.0), (3000, 2, 2e-3), (1.5, 1.0, 0.0)):
+            budgets = [budget if k % 2 else (budget or 4096) for k in ks]  # per-threshold budgets differ
+            curve = theory.tp_eb_many(ks, n, *H200_ARGS, mu_l, mu_o, budgets, cycle)
+            one_by_one = [theory.tp_eb(k, n, *H200_ARGS, mu_l, mu_o, b, cycle) for k, b in zip(ks, budgets, strict=True)]
+            assert curve == one_by_one
+
+
+def test_the_throughput_curve_refuses_bad_input_by_name_as_tp_eb_does() -> None:
+    with pytest.raises(ValueError, match=r"k must be in \[1, n-1\]"):
+        theory.tp_eb_many([5, 10], 10, *H200_ARGS, 512, 256, [None, None])
+    with pytest.raises(ValueError, match="k must be an integer"):
+        theory.tp_eb_many([0], 10, *H200_ARGS, 512, 256, [None])
+    with pytest.raises(ValueError, match="alpha_p"):
+        theory.tp_eb_many([1], 10, 0.0, *H200_ARGS[1:], 512, 256, [None])
+    with pytest.raises(ValueError, match="mu_o"):
+        theory.tp_eb(1, 10, *H200_ARGS, 512, float("nan"))
+    with pytest.raises(ValueError):  # one budget per threshold
+        theory.tp_eb_many([1, 2], 10, *H200_ARGS, 512, 256, [None])
+
+
+@pytest.mark.parametrize("value", [1, 7, 2**53, 2**53 + 1, 10**18, 3.0, True, np.int64(5)])
+def test_the_quick_integer_check_answers_as_the_full_one(value: object) -> None:
+    x = float(value)  # type: ignore[arg-type]
+    assert theory.int_at_least("k", value, 1) == int(x)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="k must be an integer >= 2"):
+        theory.int_at_least("k", 1, 2)
+
+
+@pytest.mark.parametrize("value", [1e-300, 2.5, float("inf"), float("nan"), 0.0, -1.0, np.float64(2.0), 3])
+def test_the_quick_positive_check_answers_as_the_full_one(value: float) -> None:
+    try:
+        expected = theory.check_range("x", value, 0.0, math.inf, lo_open=True, hi_open=True)
+    except ValueError:
+        with pytest.raises(ValueError, match="x must be in"):
+            theory._positive("x", value)
+    else:
+        assert theory._positive("x", value) == expected
