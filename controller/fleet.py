@@ -169,26 +169,23 @@ class FleetController:
             if donor is not None and donor.planner.last is not None:
                 planner.state = dataclasses.replace(donor.planner.state)
                 planner.last = donor.planner.last
-        state = ReplicaState(
-            replica_id=rid,
-            mode=Mode(registration.mode),
-            facts=facts,
-            fitter=old.fitter if old else CostModelFitter(prior, self.config.step_window, self.config.min_steps),
-            planner=planner,
-            current=planner.update_for(registration.mode, self.version),
-            last_seen=self.clock(),
-            ordinal=old.ordinal if old else self._registrations,
-            evidence=old.evidence if old else self._evidence(planner_cfg),
-        )
-        if old is not None:
-            for name in ("cost", "concurrency", "mode_switches", "engine_stats", "step_seconds", "next_completion",
-                         "next_step", "dropped_completions", "dropped_steps", "applied_version", "active_since",
-                         "steps_seen", "fitted_steps", "fitted_at"):  # fmt: skip
-                setattr(state, name, getattr(old, name))
-        elif saved is not None:
-            state.concurrency, state.mode_switches = saved.concurrency, saved.mode_switches
-            state.next_completion, state.next_step = saved.next_completion, saved.next_step
-            state.dropped_completions, state.dropped_steps = saved.dropped.completions, saved.dropped.steps
+        fresh = {
+            "mode": Mode(registration.mode),
+            "facts": facts,
+            "planner": planner,
+            "current": planner.update_for(registration.mode, self.version),
+            "last_seen": self.clock(),
+        }
+        if old is not None:  # the same replica again: everything it measured stays, what it declared is new
+            state = dataclasses.replace(old, **fresh)
+        else:
+            fitter = CostModelFitter(prior, self.config.step_window, self.config.min_steps)
+            state = ReplicaState(replica_id=rid, fitter=fitter, ordinal=self._registrations,
+                                 evidence=self._evidence(planner_cfg), **fresh)  # fmt: skip
+            if saved is not None:
+                state.concurrency, state.mode_switches = saved.concurrency, saved.mode_switches
+                state.next_completion, state.next_step = saved.next_completion, saved.next_step
+                state.dropped_completions, state.dropped_steps = saved.dropped.completions, saved.dropped.steps
         self._registrations += 1
         self.replicas[rid] = state
         state.current = self._effective(state)
