@@ -53,7 +53,11 @@ from ebplus.controller.messages import (
     encode,
 )
 from ebplus.controller.planner import ThresholdPlanner
-from ebplus.simulator import distributions as dist
+
+try:
+    from ebplus.simulator import distributions as dist
+except ModuleNotFoundError:  # a baseline checkout older than the simulator's own package (--baseline)
+    from ebplus.bench import distributions as dist  # type: ignore[no-redef]
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)

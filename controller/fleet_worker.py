@@ -75,7 +75,7 @@ MAX_HELD = 1024
 WORKER_NICE = 10
 #: The interpreter's switch interval while a round runs (seconds): how long the event loop's thread waits for the
 #: interpreter lock the worker holds, at each turn of the loop.
-SWITCH_INTERVAL_S = 0.00001
+SWITCH_INTERVAL_S = 0.000025
 
 logger = logging.getLogger("ebplus.controller")
 

@@ -91,6 +91,22 @@ class Gate:
         raise AssertionError("the worker never reached the gate")
 
 
+async def held_replan(actor: ControllerActor, obj: Any = None, name: str = "recompute") -> tuple[Gate, asyncio.Future]:
+    """An operator's re-plan, started, with the worker thread held at ``obj.name`` (the fleet's re-plan)."""
+    obj = actor.fleet if obj is None else obj
+    gate = Gate(getattr(obj, name))
+    setattr(obj, name, gate)
+    replan = asyncio.ensure_future(actor.recompute())
+    await gate.reached()
+    return gate, replan
+
+
+async def waiting(call: asyncio.Future) -> bool:
+    """Whether ``call`` is still unanswered after the loop has had every chance to answer it."""
+    done, _ = await asyncio.wait({call}, timeout=0.05)
+    return not done
+
+
 async def answered(call: Any) -> ThresholdUpdate:
     """A push's reply; a push that is not answered while the worker is held fails here rather than hanging."""
     return decode(await asyncio.wait_for(call, 10), ThresholdUpdate)
@@ -112,10 +128,7 @@ def test_a_push_during_a_replan_is_answered_while_it_runs_and_absorbed_after(tmp
         await start(actor, rng)
         await actor.recompute()
         before, received = actor.fleet.version, actor.fleet.received["completions"]
-        gate = Gate(actor.fleet.recompute)
-        actor.fleet.recompute = gate  # type: ignore[method-assign]
-        replan = asyncio.ensure_future(actor.recompute())
-        await gate.reached()
+        gate, replan = await held_replan(actor)
         reply = await answered(actor.ingest(push("r1", rng)))  # the worker is inside the re-plan meanwhile
         assert not replan.done() and reply.version == before
         assert actor.fleet.received["completions"] == received  # held: the fleet is the worker's until it is done
@@ -154,10 +167,7 @@ def test_the_published_plan_is_the_synchronous_one_on_the_same_inputs(tmp_path: 
                 b = next_batch(REPLICAS[i % 3])
                 await actor.ingest(encode(b))
                 reference.ingest(encode(b))
-            gate = Gate(actor.fleet.recompute)
-            actor.fleet.recompute = gate  # type: ignore[method-assign]
-            replan = asyncio.ensure_future(actor.recompute())
-            await gate.reached()
+            gate, replan = await held_replan(actor)
             during = [next_batch(REPLICAS[(round_ + i) % 3]) for i in range(4)]
             for b in during:
                 await answered(actor.ingest(encode(b)))
@@ -187,10 +197,7 @@ def test_a_new_version_is_published_to_every_replica_at_once_once_it_is_persiste
         await start(actor, rng)
         await actor.recompute()
         before = actor.fleet.version
-        gate = Gate(actor.store.save_bytes)
-        actor.store.save_bytes = gate  # type: ignore[method-assign]
-        replan = asyncio.ensure_future(actor.recompute())
-        await gate.reached()  # planned, not persisted yet
+        gate, replan = await held_replan(actor, actor.store, "save_bytes")  # planned, not persisted yet
         assert all(r.current.version == before + 1 for r in actor.fleet.replicas.values())
         for rid in REPLICAS:
             assert (await answered(actor.ingest(push(rid, rng, n=1)))).version == before
@@ -211,15 +218,11 @@ def test_pushes_beyond_the_held_limit_wait_for_the_next_round(tmp_path: Path, mo
     async def scenario() -> None:
         await start(actor, rng)
         received = actor.fleet.received["completions"]
-        gate = Gate(actor.fleet.recompute)
-        actor.fleet.recompute = gate  # type: ignore[method-assign]
-        replan = asyncio.ensure_future(actor.recompute())
-        await gate.reached()
+        gate, replan = await held_replan(actor)
         for rid in ("r0", "r1"):
             await answered(actor.ingest(push(rid, rng)))
         third = asyncio.ensure_future(actor.ingest(push("r2", rng)))
-        done, _ = await asyncio.wait({third}, timeout=0.05)
-        assert not done  # two held: the third waits for a round to take them
+        assert await waiting(third)  # two held: the third waits for a round to take them
         gate.opened.set()
         await replan
         await answered(third)
@@ -246,10 +249,7 @@ def test_what_a_push_during_a_round_is_refused_for_is_counted_and_a_bad_batch_co
             return absorb(b)
 
         actor.fleet.absorb_checked = absorb_but_r1  # type: ignore[method-assign]
-        gate = Gate(actor.fleet.recompute)
-        actor.fleet.recompute = gate  # type: ignore[method-assign]
-        replan = asyncio.ensure_future(actor.recompute())
-        await gate.reached()
+        gate, replan = await held_replan(actor)
         assert await actor.ingest(msgspec.msgpack.encode({"wire": 2, "replica_id": "r0"})) is None
         assert await actor.ingest(batch("nobody", [CompletionRecord(10, 3, FinishReason.STOP)])) is None
         for rid in REPLICAS:
@@ -272,13 +272,9 @@ def test_operator_changes_wait_for_a_replan_and_are_persisted_before_they_are_an
 
     async def scenario() -> None:
         await start(actor, rng)
-        gate = Gate(actor.fleet.recompute)
-        actor.fleet.recompute = gate  # type: ignore[method-assign]
-        replan = asyncio.ensure_future(actor.recompute())
-        await gate.reached()
+        gate, replan = await held_replan(actor)
         override = asyncio.ensure_future(actor.set_override("r2", k=3))
-        done, _ = await asyncio.wait({override}, timeout=0.05)
-        assert not done  # it waits for the re-plan
+        assert await waiting(override)  # it waits for the re-plan
         gate.opened.set()
         result = json.loads(await override)
         assert replan.done() and result["version"] == actor.fleet.version == saved[-1]
@@ -326,13 +322,9 @@ def test_in_a_small_fleet_a_push_held_during_a_round_hears_what_the_round_publis
 
     async def scenario() -> None:
         await start(actor, rng)
-        gate = Gate(actor.fleet.recompute)
-        actor.fleet.recompute = gate  # type: ignore[method-assign]
-        replan = asyncio.ensure_future(actor.recompute())
-        await gate.reached()
+        gate, replan = await held_replan(actor)
         held = asyncio.ensure_future(actor.ingest(push("r0", rng)))
-        done, _ = await asyncio.wait({held}, timeout=0.05)
-        assert not done
+        assert await waiting(held)
         gate.opened.set()
         version = json.loads(await replan)["version"]
         assert (await answered(held)).version == version
@@ -349,10 +341,7 @@ def test_a_synchronous_view_during_a_round_is_the_last_one_taken(tmp_path: Path)
         await start(actor, rng)
         before = actor.view()
         assert before is not None and before.version == actor.fleet.version
-        gate = Gate(actor.fleet.state)
-        actor.fleet.state = gate  # type: ignore[method-assign]
-        replan = asyncio.ensure_future(actor.recompute())
-        await gate.reached()  # re-planned, persisting
+        gate, replan = await held_replan(actor, name="state")  # re-planned, persisting
         assert actor.view() is before
         gate.opened.set()
         await replan
