@@ -98,6 +98,9 @@ class ReplicaState:
     fitted_steps: int = -1  # steps_seen at the last cost refit
     fitted_at: int = 0  # the update of the last cost refit
     sampling: tuple[float, float] = (1.0, 1.0)  # shares of requests and cycles it reports (replicas/sampling.py)
+    # what its last registration answered, and where that came from: "known" (registered before),
+    # "saved" (a restarted controller's persisted plan), "fleet" (another replica's plan), "cold"
+    registered: tuple[str, ThresholdUpdate] | None = None
 
     @property
     def cost_model(self) -> CostModel:
@@ -159,16 +162,20 @@ class FleetController:
         )
         planner = ThresholdPlanner(planner_cfg)
         prior = registration.prior
+        origin = "cold"
         if old is not None:
             planner.state, planner.last = old.planner.state, old.planner.last
+            origin = "known"
         elif saved is not None:
             planner.state, planner.last = dataclasses.replace(saved.planner), saved.last_plan
             prior = saved.cost_model
+            origin = "saved"
         else:
             donor = next(iter(self.replicas.values()), None)
             if donor is not None and donor.planner.last is not None:
                 planner.state = dataclasses.replace(donor.planner.state)
                 planner.last = donor.planner.last
+                origin = "fleet"
         fresh = {
             "mode": Mode(registration.mode),
             "facts": facts,
@@ -189,6 +196,7 @@ class FleetController:
         self._registrations += 1
         self.replicas[rid] = state
         state.current = self._effective(state)
+        state.registered = (origin, state.current)
         return state.current
 
     @staticmethod

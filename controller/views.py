@@ -11,7 +11,7 @@ ingress and controller run different code, and FastAPI documents them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,7 +60,18 @@ class ThresholdsView(_View):
 
     def message(self) -> ThresholdUpdate:
         """The message this view shows (:meth:`of` read back: a persisted history's thresholds)."""
-        return ThresholdUpdate(**self.model_dump())
+        return ThresholdUpdate(**self.model_dump(include=set(ThresholdsView.model_fields)))
+
+
+class RegisteredView(ThresholdsView):
+    """What a replica's last registration answered: after a controller restart, whether it resumed."""
+
+    origin: Literal["known", "saved", "fleet", "cold"] = Field(
+        description=(
+            "known: registered with this controller before; saved: the plan a previous controller persisted; "
+            "fleet: another replica's plan (a new replica); cold: no plan yet."
+        )
+    )
 
 
 class Dropped(_View):
@@ -103,6 +114,7 @@ class ReplicaView(ThresholdsView):
     cost_model: CostModel = Field(description="The cost model the last plan used.")
     cost_fitted: list[str] = Field(description="Which parts of the cost model came from this replica's steps.")
     mode_switches: int = Field(description="Changes of the active policy published to this replica.")
+    registered: RegisteredView | None = Field(None, description="What the replica's last registration answered.")
     dropped: Dropped = Field(description="Telemetry records the replica dropped.")
     engine_stats: dict[str, float] = Field(description="The replica's cumulative engine counters.")
     step_seconds: dict[StepKind, Histogram] = Field(description="Step times by kind.")
@@ -214,10 +226,18 @@ def replica_view(fleet: FleetController, replica: ReplicaState) -> ReplicaView:
         cost_model=replica.cost_model,
         cost_fitted=[] if replica.cost is None else list(replica.cost.fitted),
         mode_switches=replica.mode_switches,
+        registered=_registered(replica.registered),
         dropped=Dropped(completions=replica.dropped_completions, steps=replica.dropped_steps),
         engine_stats={} if stats is None else {k: float(getattr(stats, k)) for k in stats.__struct_fields__},
         step_seconds=dict(replica.step_seconds),
     )
+
+
+def _registered(registered: tuple[str, ThresholdUpdate] | None) -> RegisteredView | None:
+    if registered is None:
+        return None
+    origin, update = registered
+    return RegisteredView(origin=origin, **ThresholdsView.of(update).model_dump())
 
 
 def snapshot(fleet: FleetController) -> FleetSnapshot:

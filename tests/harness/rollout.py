@@ -300,7 +300,10 @@ def scenario_controller_upgrade(dep: Deployment, cluster: Cluster, *, rate_per_s
     planted_plans = {rid: [r["last_plan"]["k"], r["last_plan"]["n_cap"], r["last_plan"]["active"]]
                      for rid, r in planted["replicas"].items()}  # fmt: skip
     estimate = first.pop("estimate")["value"]
-    resumed = {rid: _plan(r) for rid, r in first.items() if r["version"] == planted["version"]}
+    # what each replica's registration answered (a re-plan may follow it before the first poll)
+    registered = {rid: r["registered"] for rid, r in first.items()}
+    resumed = {rid: _plan(g) for rid, g in registered.items()
+               if g["origin"] == "saved" and g["version"] == planted["version"]}  # fmt: skip
     return {
         "load": result.summary(),
         "failures": _failures(result),
@@ -315,6 +318,7 @@ def scenario_controller_upgrade(dep: Deployment, cluster: Cluster, *, rate_per_s
         "resumed_plans": resumed,
         "planted_plans": planted_plans,
         "cold_replicas": sorted(rid for rid, r in snap1["replicas"].items() if r["n_star"] is None),
+        "registered": registered,
     }
 
 

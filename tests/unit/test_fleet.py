@@ -194,6 +194,10 @@ def test_state_round_trip_resumes_without_cold_start(fleet: FleetController, clo
         "rtx-0": resumed.register(registration("rtx-0", Mode.AUTO, 600_000, 1024, RTX)),
     }
     assert after == before
+    views = resumed.snapshot().replicas
+    assert {rid: (v.registered.origin, v.registered.message()) for rid, v in views.items()} == {
+        rid: ("saved", update) for rid, update in after.items()
+    }
     assert resumed.workload.state() == fleet.workload.state()
     assert len(resumed.history) == len(fleet.history)
     # and the next update continues the version sequence
@@ -205,6 +209,10 @@ def test_new_replica_inherits_fleet_plan(fleet: FleetController) -> None:
     for i in range(2):
         fleet.ingest(batch("h200-0", completions(100, seed=i), steps(10)))
     t = fleet.register(registration("h200-1", Mode.AUTO, 2_000_000, 1024, H200))
+    views = fleet.snapshot().replicas
+    assert views["h200-1"].registered.origin == "fleet" and views["h200-0"].registered.origin == "cold"
+    fleet.register(registration("h200-1", Mode.AUTO, 2_000_000, 1024, H200))
+    assert fleet.snapshot().replicas["h200-1"].registered.origin == "known"
     assert (t.k, t.n, t.active) == (
         fleet.thresholds("h200-0").k,
         fleet.thresholds("h200-0").n,
