@@ -33,9 +33,9 @@ is sharing one process with the loop, in two ways, each bounded here:
 * **The CPU.** On a machine with few cores, busy with other work, the loop's thread and the
   worker's share one core, and the kernel lets a running thread go on for its slice (a few
   milliseconds) before a woken one runs: a push waited that long. The worker thread runs at
-  a low priority (:data:`WORKER_NICE`), so the loop's thread takes the CPU as soon as a
-  push wakes it; the worker has what the loop leaves, and still a share of its own against
-  other busy processes.
+  a lower priority (:data:`WORKER_NICE`), so the loop's thread takes the CPU when a push
+  wakes it. Not the lowest: a worker starved by other processes while it holds the
+  interpreter lock holds up the loop as well.
 * **The interpreter lock.** The loop releases it at every turn (waiting for I/O) and must
   then wait for the worker to hand it back: after the switch interval, 5 ms by default,
   which the worker shortens to :data:`SWITCH_INTERVAL_S` while a round runs. The switch
@@ -69,10 +69,10 @@ T = TypeVar("T")
 
 #: Telemetry batches held while a round runs; a push beyond them waits for the next round.
 MAX_HELD = 1024
-#: The worker thread's nice value (Linux): low enough that the event loop's thread, woken by a push, takes the
-#: CPU from it at once; not the lowest, so that on a machine busy with other work a re-plan still has a share
-#: (~10% of a core against a busy thread of default priority).
-WORKER_NICE = 10
+#: The worker thread's nice value (Linux). Lower priority lets the event loop's thread, woken by a push, take the
+#: CPU from the worker; too low starves the worker on a machine busy with other work *while it holds the
+#: interpreter lock*, which the loop then waits for. 5 (a third of a default thread's weight) is between the two.
+WORKER_NICE = 5
 #: The interpreter's switch interval while a round runs (seconds): how long the event loop's thread waits for the
 #: interpreter lock the worker holds, at each turn of the loop.
 SWITCH_INTERVAL_S = 0.000025
