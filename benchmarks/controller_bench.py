@@ -10,8 +10,9 @@ checkout (see the benchmark page for how the baseline was set up) - in rotated o
 (current first on even runs, baseline first on odd ones), so both versions see the same
 machine in the same session. Figures are medians over the runs, with min-max.
 
-Targets (issue 16, 256 replicas): ingestion >= 4x the baseline's and >= 50,000 completions/s;
-a fleet recompute < 100 ms; ingest p99 while a recompute runs <= 1.5x the idle p99.
+Targets (256 replicas): a fleet recompute < 100 ms; ingest p99 while a recompute runs <= 1.5x the
+idle p99 (issue 26); ingestion >= 50,000 completions/s, and >= 4x a baseline from before the
+fleet-scale work (issue 16).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def metrics(result: dict) -> dict[str, float]:
     idle, busy = lat["idle"]["p99_ms"], lat["during_recompute"]["p99_ms"]
     return {
         "ingest_completions_per_s": result["ingest"]["completions_per_s"],
+        "ingest_updates_per_s": result["ingest"]["updates_per_s"],
         "recompute_ms": result["recompute"]["median_ms"],
         "update_ms": result["update"]["median_ms"],
         "p99_idle_ms": idle,
@@ -110,6 +112,7 @@ def markdown(report: dict) -> str:
     lines += ["", "| figure | this code | baseline |", "|---|---|---|"]
     names = {
         "ingest_completions_per_s": ("ingestion, completions/s (+ as many steps, + a running sample)", 0, 1.0),
+        "ingest_updates_per_s": ("fleet re-plans per second during that ingestion", 1, 1.0),
         "recompute_ms": ("fleet recompute, ms", 1, 1.0),
         "update_ms": ("one estimator update + plan, ms", 3, 1.0),
         "p50_idle_ms": ("ingest p50, no recompute running, ms", 3, 1.0),
