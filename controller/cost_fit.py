@@ -101,12 +101,15 @@ def robust_linear_fit(
 
 def _weighted_fit(xs: np.ndarray, y: np.ndarray, w: np.ndarray, lb: np.ndarray, pinned: np.ndarray) -> np.ndarray:
     """Weighted least squares; coefficients that violate ``lb`` are pinned to it (in place)."""
-    sw = np.sqrt(w)
     while True:
         coef = np.where(pinned, lb, 0.0)
         free = ~pinned
-        rhs = (y - xs[:, pinned] @ lb[pinned]) * sw
-        coef[free], *_ = np.linalg.lstsq(xs[:, free] * sw[:, None], rhs, rcond=None)
+        x = xs[:, free]
+        wx = x * w[:, None]
+        rhs = y - xs[:, pinned] @ lb[pinned]
+        # the normal equations (a few columns, each scaled to unit norm by the caller): an SVD of the
+        # p x p system instead of the n x p one, a tenth of a 2048-step refit's time
+        coef[free], *_ = np.linalg.lstsq(x.T @ wx, wx.T @ rhs, rcond=None)
         violated = free & (coef < lb)
         if not violated.any():
             return coef
