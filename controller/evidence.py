@@ -100,6 +100,14 @@ class ModeMeasurement:
         return self.tokens / self.model_seconds if self.model_seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class ModeWork:
+    """What a replica's engine computed while it ran one mode, ever (the ``ebplus_mode_*_total`` counters)."""
+
+    tokens: int  # prefill + decode tokens of its steps
+    seconds: float  # measured seconds of those steps
+
+
 class _Ledger:
     """A bounded ring of one mode's steps, as a numpy array so pricing them is one vector pass.
 
@@ -117,6 +125,8 @@ class _Ledger:
         self.head = 0
         self.plan = 0
         self.total = 0  # steps ever added (the ring keeps the newest)
+        self.tokens_total = 0  # their tokens and seconds, ever
+        self.seconds_total = 0.0
         self.phases = 0  # prefill phases ever started
         self.in_prefill = False
         self.lengths: list[tuple[float, float]] = []  # (mu_l, mu_o) of the estimates the steps ran under
@@ -145,6 +155,8 @@ class _Ledger:
         self.head = (self.head + n) % cap
         self.size = min(self.size + n, cap)
         self.total += n
+        self.tokens_total += int(block[:, 0].sum() + block[:, 1].sum())
+        self.seconds_total += float(block[:, 3].sum())
         return n
 
     def view(self) -> np.ndarray:
@@ -248,6 +260,10 @@ class ModeEvidence:
         """Steps and prefill phases of ``mode`` ever observed: pass to :meth:`enough_since`."""
         ledger = self._ledgers.get(mode)
         return (0, 0) if ledger is None else (ledger.total, ledger.phases)
+
+    def work(self) -> dict[Mode, ModeWork]:
+        """Tokens and step seconds each observed mode computed, ever (not only the window's)."""
+        return {mode: ModeWork(ledger.tokens_total, ledger.seconds_total) for mode, ledger in self._ledgers.items()}
 
     def enough_since(self, mode: Mode, mark: tuple[int, int]) -> bool:
         """Whether ``mode`` gained a full sample (``min_steps``, and for EB ``min_phases``) since ``mark``."""

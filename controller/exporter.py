@@ -7,6 +7,14 @@ scrape, so ``/metrics`` and ``/admin/*`` show the same values by construction.
 :data:`METRICS` is the single list of names, types, labels and help texts: the
 README's metrics table and the Grafana dashboards are checked against it, so a
 renamed metric cannot leave a panel showing "No data".
+
+Per-replica metrics carry vLLM's ``model_name`` and the ``ReplicaId`` that vLLM's Ray
+stat logger puts on every engine metric (the Serve replica's unique id, which is also
+EB+'s replica id), so an EB+ decision joins ``ray_vllm_*`` series on plain label
+matching. A renamed metric or label keeps working for one release: the old label is a
+second label with the same value on the same series (:data:`LEGACY_LABELS`: no new
+series, and sums over either label set count each replica once), and an old metric name
+is a copy of the new family (:data:`RENAMED`) whose help text says it is deprecated.
 """
 
 from __future__ import annotations
@@ -23,15 +31,36 @@ from ebplus.controller.stats import Histogram
 from ebplus.controller.telemetry import REJECT_REASONS
 from ebplus.controller.views import FleetSnapshot
 
-R = ("replica", "model")  # per-replica labels
+R = ("ReplicaId", "model_name")  # per-replica labels, named as on vLLM's and Ray Serve LLM's engine metrics
+
+#: (deprecated label, the label it duplicates): exported beside the new one until the next release.
+LEGACY_LABELS: tuple[tuple[str, str], ...] = (("replica", "ReplicaId"), ("model", "model_name"))
+
+#: Deprecated metric name -> its new name; the old one is exported as a copy until the next release.
+RENAMED: dict[str, str] = {
+    "ebplus_crossover_margin": "ebplus_crossover_margin_seconds_per_token",
+    "ebplus_cost_beta_seconds": "ebplus_cost_beta_seconds_per_token",
+    "ebplus_cost_beta_mb": "ebplus_cost_beta_mb_seconds_per_token",
+}
+DEPRECATED = "Deprecated, removed in the next release"
 
 
 @dataclass(frozen=True)
 class MetricSpec:
     name: str
     kind: str  # gauge | counter | histogram
-    labels: tuple[str, ...]
+    labels: tuple[str, ...]  # without the LEGACY_LABELS copies
     help: str
+    deprecated: bool = False  # dashboards and alerts may not read it
+
+    @property
+    def exported_labels(self) -> tuple[str, ...]:
+        """The label names on the wire: :attr:`labels`, then the deprecated copies of the renamed ones."""
+        return (*self.labels, *(old for old, new in LEGACY_LABELS if new in self.labels))
+
+    def label_values(self, values: list[str]) -> list[str]:
+        """``values`` (in :attr:`labels` order) extended by the values of the deprecated copies."""
+        return [*values, *(values[self.labels.index(new)] for old, new in LEGACY_LABELS if new in self.labels)]
 
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -46,10 +75,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ebplus_mode_info", "gauge", (*R, "mode"), "1 for the replica's configured mode (mb|eb|v0|auto)."),
     MetricSpec("ebplus_policy_eb", "gauge", R, "1 while the replica runs exclusive batching, 0 for mixed."),
     MetricSpec("ebplus_policy_planned_eb", "gauge", R, "1 while EB+ chooses EB (auto, shadow: what it would run)."),
-    MetricSpec("ebplus_crossover_margin", "gauge", R, "EB/MB margin (s/token) after measured biases; > 0 favours MB."),
+    MetricSpec("ebplus_crossover_margin_seconds_per_token", "gauge", R, "EB/MB margin (s/token) after measured biases; > 0 favours MB."),
     MetricSpec("ebplus_mode_predicted_seconds_per_token", "gauge", (*R, "mode"), "The model's s/token for a mode at the last plan."),
     MetricSpec("ebplus_mode_bias", "gauge", (*R, "mode"), "Measured / model time of a mode's recent steps on the replica (absent: not measured)."),
-    MetricSpec("ebplus_mode_measured_tokens_per_second", "gauge", (*R, "mode"), "Tokens/s over a mode's recent steps on the replica."),
+    MetricSpec("ebplus_mode_tokens_total", "counter", (*R, "mode"), "Tokens (prefill + decode) the replica's engine steps computed while it ran a mode (eb|mb)."),
+    MetricSpec("ebplus_mode_step_seconds_total", "counter", (*R, "mode"), "Engine step seconds the replica spent computing tokens while it ran a mode: tokens_total / this is tokens per busy second."),
+    MetricSpec("ebplus_mode_measured_tokens_per_second", "gauge", (*R, "mode"), f"{DEPRECATED} (use rate(ebplus_mode_tokens_total) / rate(ebplus_mode_step_seconds_total)): tokens/s over a mode's recent steps on the replica.", deprecated=True),
     MetricSpec("ebplus_explorations_total", "counter", R, "Times EB+ ran the other mode to measure it."),
     MetricSpec("ebplus_threshold_version", "gauge", R, "Version of the thresholds the controller publishes."),
     MetricSpec("ebplus_applied_version", "gauge", R, "Version of the thresholds the replica reports applied."),
@@ -63,8 +94,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ebplus_kv_backoffs_total", "counter", R, "Prefill phases ended early for lack of KV blocks."),
     MetricSpec("ebplus_step_seconds", "histogram", (*R, "kind"), "Engine step time by kind (prefill|decode|mixed)."),
     MetricSpec("ebplus_cost_alpha_seconds", "gauge", (*R, "kind"), "Fitted fixed step cost alpha by step kind."),
-    MetricSpec("ebplus_cost_beta_seconds", "gauge", (*R, "kind"), "Fitted per-token cost beta (prefill, decode)."),
-    MetricSpec("ebplus_cost_beta_mb", "gauge", (*R, "coef"), "Mixed-step per-token cost coefficients a, b, c."),
+    MetricSpec("ebplus_cost_beta_seconds_per_token", "gauge", (*R, "kind"), "Fitted per-token cost beta (prefill, decode), s/token."),
+    MetricSpec("ebplus_cost_beta_mb_seconds_per_token", "gauge", (*R, "coef"), "Mixed-step per-token cost a + b*r + c*r^2 at decode share r: coefficients a, b, c (s/token)."),
     MetricSpec("ebplus_telemetry_dropped_total", "counter", (*R, "kind"), "Telemetry records a replica dropped."),
     # fleet
     MetricSpec("ebplus_workload_p0", "gauge", (), "Estimated hazard at t=0 of output lengths (1/token)."),
@@ -83,6 +114,13 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ebplus_controller_up", "gauge", (), "1 if the controller answered this scrape."),
 )  # fmt: skip
 
+
+def _alias(old: str, new: MetricSpec) -> MetricSpec:
+    return MetricSpec(old, new.kind, new.labels, f"{DEPRECATED} (renamed {new.name}): {new.help}", deprecated=True)
+
+
+_CURRENT = {m.name: m for m in METRICS}
+METRICS = (*METRICS, *(_alias(old, _CURRENT[new]) for old, new in RENAMED.items()))
 SPECS = {m.name: m for m in METRICS}
 
 
@@ -90,15 +128,22 @@ def _family(name: str) -> Metric:
     spec = SPECS[name]
     base = name.removesuffix("_total") if spec.kind == "counter" else name
     cls = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}[spec.kind]
-    return cls(base, spec.help, labels=list(spec.labels))
+    return cls(base, spec.help, labels=list(spec.exported_labels))
 
 
-def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -> None:
+def _copy(family: Metric, spec: MetricSpec) -> Metric:
+    """``family``'s samples under ``spec``'s (deprecated) name and help."""
+    copy = _family(spec.name)
+    copy.samples = [s._replace(name=copy.name + s.name.removeprefix(family.name)) for s in family.samples]
+    return copy
+
+
+def _histogram(family: HistogramMetricFamily, spec: MetricSpec, labels: list[str], h: Histogram) -> None:
     buckets, cumulative = [], 0
     for bound, count in zip([*h.bounds, float("inf")], h.counts, strict=True):
         cumulative += count
         buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
-    family.add_metric(labels, buckets, h.total)
+    family.add_metric(spec.label_values(labels), buckets, h.total)
 
 
 def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
@@ -108,14 +153,18 @@ def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
     yield up
     if snapshot is None:
         return
-    fam = {spec.name: _family(spec.name) for spec in METRICS if spec.name != "ebplus_controller_up"}
+    fam = {
+        spec.name: _family(spec.name)
+        for spec in METRICS
+        if spec.name not in RENAMED and spec.name != "ebplus_controller_up"
+    }
 
     def put(name: str, labels: list[str], value: float | None) -> None:
         if value is not None:
-            fam[name].add_metric(labels, float(value))
+            fam[name].add_metric(SPECS[name].label_values(labels), float(value))
 
     for rid, r in snapshot.replicas.items():
-        lab = [rid, model]
+        lab = [rid, model]  # R's order
         put("ebplus_threshold_k", lab, r.k)
         put("ebplus_batch_cap_n", lab, r.n)
         put("ebplus_n_star", lab, r.n_star)
@@ -127,13 +176,16 @@ def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
         put("ebplus_policy_eb", lab, 1 if r.active is Mode.EB else 0)
         put("ebplus_policy_planned_eb", lab, None if r.planned is None else float(r.planned is Mode.EB))
         j = r.judgement
-        put("ebplus_crossover_margin", lab, None if j is None else j.margin)
+        put("ebplus_crossover_margin_seconds_per_token", lab, None if j is None else j.margin)
         for check in () if j is None else (j.eb, j.mb):
             mode_lab = [*lab, check.mode.value]
             put("ebplus_mode_predicted_seconds_per_token", mode_lab, check.predicted)
             if check.measured is not None:
                 put("ebplus_mode_bias", mode_lab, check.bias)
                 put("ebplus_mode_measured_tokens_per_second", mode_lab, check.measured.tokens_per_s)
+        for mode, work in r.mode_work.items():
+            put("ebplus_mode_tokens_total", [*lab, mode.value], work.tokens)
+            put("ebplus_mode_step_seconds_total", [*lab, mode.value], work.seconds)
         put("ebplus_explorations_total", lab, r.explorations)
         put("ebplus_threshold_version", lab, r.version)
         put("ebplus_applied_version", lab, r.applied_version)
@@ -147,14 +199,14 @@ def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
         for phase in StepKind:
             put("ebplus_steps_total", [*lab, phase.value], stats.get(f"steps_{phase.value}", 0))
         for kind, h in r.step_seconds.items():
-            _histogram(fam["ebplus_step_seconds"], [*lab, kind.value], h)
+            _histogram(fam["ebplus_step_seconds"], SPECS["ebplus_step_seconds"], [*lab, kind.value], h)
         cost = r.cost_model
         for kind, value in (("prefill", cost.alpha_p), ("decode", cost.alpha_d), ("mixed", cost.alpha_mixed)):
             put("ebplus_cost_alpha_seconds", [*lab, kind], value)
         for kind, value in (("prefill", cost.beta_p), ("decode", cost.beta_d)):
-            put("ebplus_cost_beta_seconds", [*lab, kind], value)
+            put("ebplus_cost_beta_seconds_per_token", [*lab, kind], value)
         for coef, value in zip("abc", cost.beta_mb, strict=True):
-            put("ebplus_cost_beta_mb", [*lab, coef], value)
+            put("ebplus_cost_beta_mb_seconds_per_token", [*lab, coef], value)
         put("ebplus_telemetry_dropped_total", [*lab, "completions"], r.dropped.completions)
         put("ebplus_telemetry_dropped_total", [*lab, "steps"], r.dropped.steps)
 
@@ -166,7 +218,8 @@ def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
     put("ebplus_workload_samples", [], 0 if est is None else est.n_samples)
     put("ebplus_controller_version", [], snapshot.version)
     put("ebplus_controller_updates_total", [], snapshot.updates)
-    _histogram(fam["ebplus_controller_update_seconds"], [], snapshot.update_seconds)
+    spec = SPECS["ebplus_controller_update_seconds"]
+    _histogram(fam["ebplus_controller_update_seconds"], spec, [], snapshot.update_seconds)
     put("ebplus_controller_plan_errors_total", [], snapshot.plan_errors)
     for kind in ("completions", "steps", "batches", "aborted"):
         put("ebplus_telemetry_received_total", [kind], snapshot.received.get(kind, 0))
@@ -175,6 +228,8 @@ def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
     put("ebplus_overrides_active", [], len(snapshot.overrides))
     put("ebplus_replicas", [], len(snapshot.replicas))
     yield from fam.values()
+    for old, new in RENAMED.items():
+        yield _copy(fam[new], SPECS[old])
 
 
 class SnapshotCollector(Collector):

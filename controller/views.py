@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import Estimate
-from ebplus.controller.evidence import Judgement
+from ebplus.controller.evidence import Judgement, ModeWork
 from ebplus.controller.messages import Mode, StepKind, ThresholdUpdate
 from ebplus.controller.overrides import Override
 from ebplus.controller.planner import Plan
@@ -110,6 +110,9 @@ class ReplicaView(ThresholdsView):
         ),
     )
     explorations: int = Field(0, description="Times EB+ ran the other mode to measure it.")
+    mode_work: dict[Mode, ModeWork] = Field(
+        default_factory=dict, description="Tokens and step seconds the replica computed in each mode it ran, ever."
+    )
     reason: str | None = Field(description="Where k and N came from, and why the EB/MB decision came out as it did.")
     cost_model: CostModel = Field(description="The cost model the last plan used.")
     cost_fitted: list[str] = Field(description="Which parts of the cost model came from this replica's steps.")
@@ -222,6 +225,7 @@ def replica_view(fleet: FleetController, replica: ReplicaState) -> ReplicaView:
         crossover=None if plan is None else plan.crossover,
         judgement=None if plan is None else plan.judgement,
         explorations=replica.planner.state.explorations,
+        mode_work=replica.evidence.work(),
         reason=None if plan is None else "; ".join(part for part in (plan.sizing, plan.reason) if part),
         cost_model=replica.cost_model,
         cost_fitted=[] if replica.cost is None else list(replica.cost.fitted),

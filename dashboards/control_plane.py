@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from ebplus.dashboards.grafana import RATE, Dashboard, Panel, Row, Target, datasource_var, metric, quantile, query_var
+from ebplus.dashboards.grafana import (
+    RATE,
+    Dashboard,
+    Panel,
+    Row,
+    Target,
+    datasource_var,
+    metric,
+    quantile,
+    replica_vars,
+)
 
 #: How the state timeline shows ebplus_policy_eb (0 or 1 per replica).
 EB_MB = [
@@ -18,7 +28,7 @@ EB_MB = [
 
 def dashboard() -> Dashboard:
     """Decisions per replica, the fleet's workload estimate, the controller's health, the cost model."""
-    by_replica = "{{replica}}"
+    by_replica = "{{ReplicaId}}"
     return Dashboard(
         uid="ebplus-control-plane",
         title="EB+ control plane",
@@ -26,8 +36,7 @@ def dashboard() -> Dashboard:
         file="ebplus-control-plane.json",
         variables=[
             datasource_var(),
-            query_var("model", "Model", "label_values(ebplus_threshold_k, model)"),
-            query_var("replica", "Replica", 'label_values(ebplus_threshold_k{model=~"$model"}, replica)'),
+            *replica_vars(),
         ],
         rows=[
             Row(
@@ -37,7 +46,7 @@ def dashboard() -> Dashboard:
                         "Active policy per replica",
                         "The batching policy each replica runs over time: EB (exclusive prefill/decode phases) or "
                         "MB (mixed steps). In mode auto the controller switches it at the EB/MB crossover.",
-                        [Target(f"max by (replica) ({metric('ebplus_policy_eb')})", by_replica)],
+                        [Target(f"max by (ReplicaId) ({metric('ebplus_policy_eb')})", by_replica)],
                         kind="state-timeline",
                         mappings=EB_MB,
                     ),
@@ -46,7 +55,8 @@ def dashboard() -> Dashboard:
                         "The mode each replica was configured with (mb, eb, v0 or auto = EB+), or an operator override.",
                         [
                             Target(
-                                f"max by (replica, mode) ({metric('ebplus_mode_info')}) == 1", "{{replica}}: {{mode}}"
+                                f"max by (ReplicaId, mode) ({metric('ebplus_mode_info')}) == 1",
+                                "{{ReplicaId}}: {{mode}}",
                             )
                         ],
                         kind="stat",
@@ -56,9 +66,9 @@ def dashboard() -> Dashboard:
                         "k: free slots that trigger a prefill phase; N: cap on running requests; N*: the memory-safe "
                         "batch size of the latest plan (eq. 6). Requests.",
                         [
-                            Target(f"max by (replica) ({metric('ebplus_threshold_k')})", "k {{replica}}"),
-                            Target(f"max by (replica) ({metric('ebplus_batch_cap_n')})", "N {{replica}}"),
-                            Target(f"max by (replica) ({metric('ebplus_n_star')})", "N* {{replica}}"),
+                            Target(f"max by (ReplicaId) ({metric('ebplus_threshold_k')})", "k {{ReplicaId}}"),
+                            Target(f"max by (ReplicaId) ({metric('ebplus_batch_cap_n')})", "N {{ReplicaId}}"),
+                            Target(f"max by (ReplicaId) ({metric('ebplus_n_star')})", "N* {{ReplicaId}}"),
                         ],
                     ),
                     Panel(
@@ -66,10 +76,10 @@ def dashboard() -> Dashboard:
                         "θ0: CFR threshold (eq. 3); Δθ: the IFR correction for rising hazards (eq. 5); "
                         "θ* = θ0 + Δθ (clamped); θ: the smoothed value k is computed from (k = θ·N).",
                         [
-                            Target(f"max by (replica) ({metric('ebplus_theta0')})", "θ0 {{replica}}"),
-                            Target(f"max by (replica) ({metric('ebplus_delta_theta')})", "Δθ {{replica}}"),
-                            Target(f"max by (replica) ({metric('ebplus_theta_star')})", "θ* {{replica}}"),
-                            Target(f"max by (replica) ({metric('ebplus_theta')})", "θ {{replica}}"),
+                            Target(f"max by (ReplicaId) ({metric('ebplus_theta0')})", "θ0 {{ReplicaId}}"),
+                            Target(f"max by (ReplicaId) ({metric('ebplus_delta_theta')})", "Δθ {{ReplicaId}}"),
+                            Target(f"max by (ReplicaId) ({metric('ebplus_theta_star')})", "θ* {{ReplicaId}}"),
+                            Target(f"max by (ReplicaId) ({metric('ebplus_theta')})", "θ {{ReplicaId}}"),
                         ],
                         unit="percentunit",
                     ),
@@ -79,7 +89,7 @@ def dashboard() -> Dashboard:
                         "workload sits at the crossover; hysteresis and cooldown bound it.",
                         [
                             Target(
-                                f"max by (replica) (increase({metric('ebplus_mode_switches_total')}[1h]))", by_replica
+                                f"max by (ReplicaId) (increase({metric('ebplus_mode_switches_total')}[1h]))", by_replica
                             )
                         ],
                     ),
@@ -88,7 +98,8 @@ def dashboard() -> Dashboard:
                         "Switches between prefill and decode phases of the EB scheduler (0 in MB).",
                         [
                             Target(
-                                f"sum by (replica) (rate({metric('ebplus_phase_switches_total')}[{RATE}]))", by_replica
+                                f"sum by (ReplicaId) (rate({metric('ebplus_phase_switches_total')}[{RATE}]))",
+                                by_replica,
                             )
                         ],
                         unit="ops",
@@ -98,7 +109,12 @@ def dashboard() -> Dashboard:
                         "EB's minus MB's seconds per token, each as the model predicts it times the bias measured on "
                         "the replica's own steps of that mode: above 0 favours MB, below 0 favours EB. Switches use "
                         "hysteresis around 0.",
-                        [Target(f"max by (replica) ({metric('ebplus_crossover_margin')})", by_replica)],
+                        [
+                            Target(
+                                f"max by (ReplicaId) ({metric('ebplus_crossover_margin_seconds_per_token')})",
+                                by_replica,
+                            )
+                        ],
                         unit="s",
                     ),
                     Panel(
@@ -107,13 +123,13 @@ def dashboard() -> Dashboard:
                         "bias (what the decision compares). Where a mode has no evidence its bias is taken as 1.",
                         [
                             Target(
-                                f"max by (replica, mode) ({metric('ebplus_mode_predicted_seconds_per_token')})",
-                                "predicted {{mode}} {{replica}}",
+                                f"max by (ReplicaId, mode) ({metric('ebplus_mode_predicted_seconds_per_token')})",
+                                "predicted {{mode}} {{ReplicaId}}",
                             ),
                             Target(
-                                f"max by (replica, mode) ({metric('ebplus_mode_predicted_seconds_per_token')} * "
+                                f"max by (ReplicaId, mode) ({metric('ebplus_mode_predicted_seconds_per_token')} * "
                                 f"{metric('ebplus_mode_bias')})",
-                                "measured {{mode}} {{replica}}",
+                                "measured {{mode}} {{ReplicaId}}",
                             ),
                         ],
                         unit="s",
@@ -122,7 +138,7 @@ def dashboard() -> Dashboard:
                         "Measured bias per mode",
                         "Measured over model time of each mode's recent steps on the replica: 1 means the cost model "
                         "prices the mode right; above 1, the mode is slower than modelled (e.g. a phase-switch cost).",
-                        [Target(f"max by (replica, mode) ({metric('ebplus_mode_bias')})", "{{mode}} {{replica}}")],
+                        [Target(f"max by (ReplicaId, mode) ({metric('ebplus_mode_bias')})", "{{mode}} {{ReplicaId}}")],
                         decimals=3,
                     ),
                     Panel(
@@ -130,17 +146,32 @@ def dashboard() -> Dashboard:
                         "1 while EB+ chooses EB; in shadow mode the replica keeps running MB. Explorations: runs of "
                         "the other mode to measure it, in the last hour.",
                         [
-                            Target(f"max by (replica) ({metric('ebplus_policy_planned_eb')})", "EB chosen {{replica}}"),
                             Target(
-                                f"max by (replica) (increase({metric('ebplus_explorations_total')}[1h]))",
-                                "explorations {{replica}}",
+                                f"max by (ReplicaId) ({metric('ebplus_policy_planned_eb')})", "EB chosen {{ReplicaId}}"
+                            ),
+                            Target(
+                                f"max by (ReplicaId) (increase({metric('ebplus_explorations_total')}[1h]))",
+                                "explorations {{ReplicaId}}",
                             ),
                         ],
                     ),
                     Panel(
+                        "Throughput per mode",
+                        "Tokens per second of busy engine time in each mode (EB, MB) the replica ran: the measured "
+                        "side of the EB/MB decision, over the dashboard's rate window.",
+                        [
+                            Target(
+                                f"sum by (ReplicaId, mode) (rate({metric('ebplus_mode_tokens_total')}[{RATE}])) / "
+                                f"sum by (ReplicaId, mode) (rate({metric('ebplus_mode_step_seconds_total')}[{RATE}]))",
+                                "{{mode}} {{ReplicaId}}",
+                            )
+                        ],
+                        unit="short",
+                    ),
+                    Panel(
                         "Observed concurrency",
                         "EMA of running + waiting requests per replica: the N the throughput model is evaluated at.",
-                        [Target(f"max by (replica) ({metric('ebplus_concurrency_observed')})", by_replica)],
+                        [Target(f"max by (ReplicaId) ({metric('ebplus_concurrency_observed')})", by_replica)],
                     ),
                     Panel(
                         "Thresholds not yet applied",
@@ -148,8 +179,8 @@ def dashboard() -> Dashboard:
                         "replica runs the controller's latest decision.",
                         [
                             Target(
-                                f"max by (replica) ({metric('ebplus_threshold_version')}) - "
-                                f"max by (replica) ({metric('ebplus_applied_version')})",
+                                f"max by (ReplicaId) ({metric('ebplus_threshold_version')}) - "
+                                f"max by (ReplicaId) ({metric('ebplus_applied_version')})",
                                 by_replica,
                             )
                         ],
@@ -157,7 +188,11 @@ def dashboard() -> Dashboard:
                     Panel(
                         "KV back-offs per second",
                         "Prefill phases ended early for lack of KV blocks (EB scheduler), per replica.",
-                        [Target(f"sum by (replica) (rate({metric('ebplus_kv_backoffs_total')}[{RATE}]))", by_replica)],
+                        [
+                            Target(
+                                f"sum by (ReplicaId) (rate({metric('ebplus_kv_backoffs_total')}[{RATE}]))", by_replica
+                            )
+                        ],
                         unit="ops",
                     ),
                 ],
@@ -248,8 +283,8 @@ def dashboard() -> Dashboard:
                         "Records replicas dropped because their buffer was full (per second, by kind).",
                         [
                             Target(
-                                f"sum by (replica, kind) (rate({metric('ebplus_telemetry_dropped_total')}[{RATE}]))",
-                                "{{replica}} {{kind}}",
+                                f"sum by (ReplicaId, kind) (rate({metric('ebplus_telemetry_dropped_total')}[{RATE}]))",
+                                "{{ReplicaId}} {{kind}}",
                             )
                         ],
                         unit="ops",
@@ -282,8 +317,8 @@ def dashboard() -> Dashboard:
                         "Fitted fixed cost of a prefill, decode and mixed step (seconds), per replica.",
                         [
                             Target(
-                                f"max by (replica, kind) ({metric('ebplus_cost_alpha_seconds')})",
-                                "{{replica}} {{kind}}",
+                                f"max by (ReplicaId, kind) ({metric('ebplus_cost_alpha_seconds')})",
+                                "{{ReplicaId}} {{kind}}",
                             )
                         ],
                         unit="s",
@@ -293,7 +328,8 @@ def dashboard() -> Dashboard:
                         "Fitted cost per token of prefill and decode steps (seconds/token), per replica.",
                         [
                             Target(
-                                f"max by (replica, kind) ({metric('ebplus_cost_beta_seconds')})", "{{replica}} {{kind}}"
+                                f"max by (ReplicaId, kind) ({metric('ebplus_cost_beta_seconds_per_token')})",
+                                "{{ReplicaId}} {{kind}}",
                             )
                         ],
                         unit="s",

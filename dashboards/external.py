@@ -1,4 +1,4 @@
-"""Metrics the dashboards use that EB+ does not export itself: vLLM's and Ray Serve's.
+"""Metrics the dashboards use that EB+ does not export itself: vLLM's and Ray Serve's, in both deployments.
 
 The app's own ``ebplus_*`` metrics are declared in :data:`ebplus.controller.exporter.METRICS`.
 Everything else a panel may query is listed here, with where it comes from, so a
@@ -20,6 +20,13 @@ metrics agent, see ``tests/observability/test_external_metrics.py``):
   ``_bucket``/``_sum``/``_count``: ``ray_vllm_num_preemptions_total``.
 * Ray Serve's HTTP proxy metrics (``ray/serve/_private/request_ingress_metrics.py``,
   ``serve_num_{protocol}_requests`` ...) follow the same rule: ``ray_serve_num_http_requests_total``.
+
+Plugin mode (plain ``vllm serve`` with ``VLLM_PLUGINS=ebplus``) has no Ray: vLLM's own
+``PrometheusStatLogger`` exports ``vllm:<x>`` (counters ``vllm:<x>_total``) with
+``model_name`` and ``engine`` only, on the API server's ``/metrics`` beside the
+``ebplus_*`` metrics, and its HTTP metrics come from ``prometheus_fastapi_instrumentator``
+(``http_requests_total``, ``http_request_duration_highr_seconds``). Every engine metric
+is declared in both namings (``mode`` says which, ``twin`` names the other).
 """
 
 from __future__ import annotations
@@ -34,28 +41,36 @@ class ExternalMetric:
     source: str  # the declaring name in the package that exports it
     labels: tuple[str, ...]
     help: str
+    mode: str = "ray"  # ray (Ray Serve LLM, Ray's metrics agent) | plugin (plain vLLM with the ebplus plugin)
+    twin: str = ""  # the same engine metric's name in the other mode
 
 
-VLLM_LABELS = ("model_name", "engine", "ReplicaId")
+VLLM_LABELS = ("model_name", "engine", "ReplicaId")  # Ray mode: vLLM's labels and the tag of its Ray wrappers
+VLLM_PLUGIN_LABELS = ("model_name", "engine")  # plugin mode: vLLM's own Prometheus logger
 
 
-def _vllm(base: str, kind: str, help: str, extra: tuple[str, ...] = ()) -> ExternalMetric:
-    name = "ray_vllm_" + base + ("_total" if kind == "counter" else "")
-    return ExternalMetric(name, kind, "vllm:" + base, (*VLLM_LABELS, *extra), help)
+def _vllm(base: str, kind: str, help: str, extra: tuple[str, ...] = ()) -> tuple[ExternalMetric, ExternalMetric]:
+    """The Ray-mode (``ray_vllm_<x>``) and plugin-mode (``vllm:<x>``) names of one vLLM metric."""
+    total = "_total" if kind == "counter" else ""
+    ray, plugin = f"ray_vllm_{base}{total}", f"vllm:{base}{total}"
+    return (
+        ExternalMetric(ray, kind, "vllm:" + base, (*VLLM_LABELS, *extra), help, "ray", plugin),
+        ExternalMetric(plugin, kind, "vllm:" + base, (*VLLM_PLUGIN_LABELS, *extra), help, "plugin", ray),
+    )
 
 
 EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
-    _vllm("num_requests_running", "gauge", "Requests in model execution batches."),
-    _vllm("num_requests_waiting", "gauge", "Requests waiting to be processed."),
-    _vllm("kv_cache_usage_perc", "gauge", "KV-cache usage, 1 = 100%."),
-    _vllm("num_preemptions", "counter", "Preemptions by the engine."),
-    _vllm("prompt_tokens", "counter", "Prefill tokens processed."),
-    _vllm("generation_tokens", "counter", "Generation tokens processed."),
-    _vllm("request_success", "counter", "Finished requests, by finish reason.", ("finished_reason",)),
-    _vllm("time_to_first_token_seconds", "histogram", "Time to first token."),
-    _vllm("inter_token_latency_seconds", "histogram", "Inter-token latency (ITL)."),
-    _vllm("request_time_per_output_token_seconds", "histogram", "Time per output token of a request (TPOT)."),
-    _vllm("e2e_request_latency_seconds", "histogram", "End-to-end request latency."),
+    *_vllm("num_requests_running", "gauge", "Requests in model execution batches."),
+    *_vllm("num_requests_waiting", "gauge", "Requests waiting to be processed."),
+    *_vllm("kv_cache_usage_perc", "gauge", "KV-cache usage, 1 = 100%."),
+    *_vllm("num_preemptions", "counter", "Preemptions by the engine."),
+    *_vllm("prompt_tokens", "counter", "Prefill tokens processed."),
+    *_vllm("generation_tokens", "counter", "Generation tokens processed."),
+    *_vllm("request_success", "counter", "Finished requests, by finish reason.", ("finished_reason",)),
+    *_vllm("time_to_first_token_seconds", "histogram", "Time to first token."),
+    *_vllm("inter_token_latency_seconds", "histogram", "Inter-token latency (ITL)."),
+    *_vllm("request_time_per_output_token_seconds", "histogram", "Time per output token of a request (TPOT)."),
+    *_vllm("e2e_request_latency_seconds", "histogram", "End-to-end request latency."),
     ExternalMetric(
         "ray_serve_num_http_requests_total",
         "counter",
@@ -69,6 +84,22 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
         "serve_{protocol}_request_latency_ms",
         ("method", "route", "application", "status_code"),
         "End-to-end HTTP latency at the Serve proxy (ms).",
+    ),
+    ExternalMetric(
+        "http_requests_total",
+        "counter",
+        "prometheus_fastapi_instrumentator:http_requests_total",
+        ("handler", "method", "status"),
+        "HTTP requests processed by vLLM's API server, status grouped as 2xx, 4xx...",
+        "plugin",
+    ),
+    ExternalMetric(
+        "http_request_duration_highr_seconds",
+        "histogram",
+        "prometheus_fastapi_instrumentator:http_request_duration_highr_seconds",
+        (),
+        "Latency of HTTP requests at vLLM's API server (s).",
+        "plugin",
     ),
 )
 

@@ -2,10 +2,16 @@
 
 Every metric a query names goes through :func:`metric`, which accepts only names in
 :data:`ebplus.controller.exporter.METRICS` (the app's ``ebplus_*`` metrics) or
-:data:`ebplus.dashboards.external.EXTERNAL_METRICS` (vLLM's ``ray_vllm_*`` and Ray
-Serve's ``ray_serve_*``), so a renamed metric breaks the generator instead of
-leaving a panel on "No data". The data source is the variable ``$datasource`` (no
-hard-coded UIDs); per-replica panels filter on the ``$model`` and ``$replica`` variables.
+:data:`ebplus.dashboards.external.EXTERNAL_METRICS` (vLLM's ``ray_vllm_*`` / ``vllm:*`` and
+Ray Serve's ``ray_serve_*``), so a renamed metric breaks the generator instead of
+leaving a panel on "No data"; deprecated ``ebplus_*`` names are refused. The data source
+is the variable ``$datasource`` (no hard-coded UIDs); per-replica panels filter on the
+``$model`` (label ``model_name``) and ``$replica`` (label ``ReplicaId``) variables, the
+labels EB+'s and vLLM's metrics share.
+
+An engine panel works in both deployments through :func:`engine`: the Ray-mode series
+``or`` the plugin-mode series, each ``vllm:*`` series given the ``ReplicaId`` of the EB+
+replica on the same scrape target (plain vLLM has no replica label of its own).
 """
 
 from __future__ import annotations
@@ -33,28 +39,63 @@ def metric(name: str, suffix: str = "", **matchers: str) -> str:
     spec = SPECS.get(name) or EXTERNAL.get(name)
     if spec is None:
         raise KeyError(f"{name} is neither in ebplus.controller.exporter.METRICS nor in dashboards.external")
+    if getattr(spec, "deprecated", False):
+        raise ValueError(f"{name} is deprecated: {spec.help}")
     if suffix and spec.kind != "histogram":
         raise ValueError(f"{name} is a {spec.kind}, not a histogram")
     if spec.kind == "histogram" and not suffix:
         raise ValueError(f"{name} is a histogram: select _bucket, _sum or _count")
     labels = set(spec.labels)
     parts = []
-    if "model" in labels:
-        parts.append('model=~"$model"')
-    if "replica" in labels:
-        parts.append('replica=~"$replica"')
     if "model_name" in labels:
         parts.append('model_name=~"$model"')
     if "ReplicaId" in labels:
-        parts.append('ReplicaId=~"$vllm_replica"')
+        parts.append('ReplicaId=~"$replica"')
     parts.extend(f"{k}{v}" for k, v in matchers.items())
     return name + suffix + ("{" + ", ".join(parts) + "}" if parts else "")
 
 
+def on_ebplus_targets(expr: str) -> str:
+    """``expr`` kept to the scrape targets that also export EB+'s metrics: in plugin mode, for generic
+    names (``http_requests_total``) that other applications in the same Prometheus export too."""
+    return f"{expr} and on (job, instance) {metric('ebplus_controller_up')}"
+
+
+def _rate(selector: str) -> str:
+    return f"rate({selector}[{RATE}])"
+
+
+def engine(name: str, suffix: str = "", rate: bool = False) -> str:
+    """A vLLM engine metric in both deployments: Ray mode's ``name`` or its plugin-mode twin.
+
+    Ray mode's ``ray_vllm_*`` series carry ``ReplicaId`` themselves. A plugin-mode ``vllm:*``
+    series is multiplied by 1 joined on its scrape target, ``group_left (ReplicaId)``, from
+    the ``ebplus_mode_info`` of the one EB+ replica that server runs (kept to targets that
+    export ``vllm:*``, so a Ray-mode ingress, which renders many replicas, never matches).
+    With ``rate``, each side is ``rate()``'d first (``suffix`` ``_bucket`` for a quantile).
+    """
+    spec = EXTERNAL[name]
+    if spec.mode != "ray" or not spec.twin:
+        raise ValueError(f"{name}: engine() takes a Ray-mode vLLM metric with a plugin-mode twin")
+    ray, plugin = metric(name, suffix), metric(spec.twin, suffix)
+    if rate:
+        ray, plugin = _rate(ray), _rate(plugin)
+    replica = (
+        f"max by (job, instance, ReplicaId) ({metric('ebplus_mode_info')} "
+        f"and on (job, instance) {metric('vllm:num_requests_running')})"
+    )
+    return f"({ray} or {plugin} * on (job, instance) group_left (ReplicaId) {replica})"
+
+
 def quantile(q: float, name: str, by: str = "", **matchers: str) -> str:
-    """``histogram_quantile`` over a histogram, summed over everything but ``le`` and ``by``."""
+    """``histogram_quantile`` over a histogram, summed over everything but ``le`` and ``by``
+    (a vLLM histogram in both deployments, see :func:`engine`)."""
     keep = ", ".join(["le", *[b.strip() for b in by.split(",") if b.strip()]])
-    return f"histogram_quantile({q}, sum by ({keep}) (rate({metric(name, '_bucket', **matchers)}[{RATE}])))"
+    if name in EXTERNAL and EXTERNAL[name].twin:
+        rates = engine(name, "_bucket", rate=True)  # parenthesised
+    else:
+        rates = f"({_rate(metric(name, '_bucket', **matchers))})"
+    return f"histogram_quantile({q}, sum by ({keep}) {rates})"
 
 
 # -- panels ----------------------------------------------------------------------
@@ -134,6 +175,15 @@ def query_var(name: str, label: str, query: str) -> dict:
         "hide": 0,
         "regex": "",
     }
+
+
+def replica_vars() -> list[dict]:
+    """``$model`` and ``$replica``, from EB+'s own metrics: they exist in both deployments, with the labels
+    (``model_name``, ``ReplicaId``) the engine metrics share, so one replica variable filters every panel."""
+    return [
+        query_var("model", "Model", "label_values(ebplus_mode_info, model_name)"),
+        query_var("replica", "Replica", 'label_values(ebplus_mode_info{model_name=~"$model"}, ReplicaId)'),
+    ]
 
 
 # -- JSON ------------------------------------------------------------------------

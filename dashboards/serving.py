@@ -1,8 +1,33 @@
-"""The "EB+ serving" dashboard: traffic, latency and engine state of the vLLM replicas, with EB+'s step times."""
+"""The "EB+ serving" dashboard: traffic, latency and engine state of the vLLM replicas, with EB+'s step times.
+
+Every engine query reads both deployments (:func:`~ebplus.dashboards.grafana.engine`): Ray Serve LLM's
+``ray_vllm_*`` and plain vLLM's ``vllm:*`` (plugin mode). A per-mode choice (a ``$prefix`` variable the
+user sets) would show "No data" until set right and cannot show a fleet that runs both; the union costs
+one ``or`` per query, and each side is empty in the other deployment.
+"""
 
 from __future__ import annotations
 
-from ebplus.dashboards.grafana import RATE, Dashboard, Panel, Row, Target, datasource_var, metric, quantile, query_var
+from ebplus.dashboards.grafana import (
+    RATE,
+    Dashboard,
+    Panel,
+    Row,
+    Target,
+    datasource_var,
+    engine,
+    metric,
+    on_ebplus_targets,
+    quantile,
+    replica_vars,
+)
+
+
+def _http_quantile(q: float) -> str:
+    """The proxy's latency quantile (ms): Ray Serve's, or vLLM's API server's (seconds, times 1000)."""
+    ray = quantile(q, "ray_serve_http_request_latency_ms")
+    plugin = on_ebplus_targets(f"rate({metric('http_request_duration_highr_seconds', '_bucket')}[{RATE}])")
+    return f"{ray} or 1000 * histogram_quantile({q}, sum by (le) ({plugin}))"
 
 
 def dashboard() -> Dashboard:
@@ -11,18 +36,12 @@ def dashboard() -> Dashboard:
     return Dashboard(
         uid="ebplus-serving",
         title="EB+ serving",
-        description="Traffic, latency and engine state of the vLLM replicas (vLLM and Ray Serve metrics), "
-        "with EB+'s step times.",
+        description="Traffic, latency and engine state of the vLLM replicas (vLLM and Ray Serve metrics, under "
+        "Ray Serve LLM or plain vLLM with the ebplus plugin), with EB+'s step times.",
         file="ebplus-serving.json",
         variables=[
             datasource_var(),
-            query_var("model", "Model", "label_values(ray_vllm_num_requests_running, model_name)"),
-            query_var(
-                "vllm_replica",
-                "Serve replica",
-                'label_values(ray_vllm_num_requests_running{model_name=~"$model"}, ReplicaId)',
-            ),
-            query_var("replica", "EB+ replica", 'label_values(ebplus_step_seconds_count{model=~"$model"}, replica)'),
+            *replica_vars(),
         ],
         rows=[
             Row(
@@ -33,7 +52,7 @@ def dashboard() -> Dashboard:
                         "Requests finished per second by the engines, by finish reason (stop, length, abort).",
                         [
                             Target(
-                                f"sum by (finished_reason) (rate({metric('ray_vllm_request_success_total')}[{RATE}]))",
+                                f"sum by (finished_reason) {engine('ray_vllm_request_success_total', rate=True)}",
                                 "{{finished_reason}}",
                             )
                         ],
@@ -43,30 +62,32 @@ def dashboard() -> Dashboard:
                         "Token throughput",
                         "Prompt (prefill) and generated (decode) tokens per second, summed over replicas.",
                         [
-                            Target(f"sum(rate({metric('ray_vllm_prompt_tokens_total')}[{RATE}]))", "prompt"),
-                            Target(f"sum(rate({metric('ray_vllm_generation_tokens_total')}[{RATE}]))", "generated"),
+                            Target(f"sum {engine('ray_vllm_prompt_tokens_total', rate=True)}", "prompt"),
+                            Target(f"sum {engine('ray_vllm_generation_tokens_total', rate=True)}", "generated"),
                         ],
                         unit="short",
                     ),
                     Panel(
                         "HTTP requests by status",
                         "Requests per second through the Serve HTTP proxies (OpenAI API, /admin, /metrics, /health), "
-                        "by status code. 503 with Retry-After is the back-pressure answer when queues are full.",
+                        "by status code; with plain vLLM, through its API server, by status class (2xx, 4xx...). "
+                        "503 with Retry-After is the back-pressure answer when queues are full.",
                         [
                             Target(
-                                f"sum by (status_code) (rate({metric('ray_serve_num_http_requests_total')}[{RATE}]))",
-                                "{{status_code}}",
+                                f"sum by (status_code) (rate({metric('ray_serve_num_http_requests_total')}[{RATE}])) "
+                                "or sum by (status) ("
+                                + on_ebplus_targets(f"rate({metric('http_requests_total')}[{RATE}])")
+                                + ")",
+                                "{{status_code}}{{status}}",
                             )
                         ],
                         unit="reqps",
                     ),
                     Panel(
                         "HTTP latency at the proxy",
-                        "End-to-end latency of HTTP requests at the Serve proxy, p50 and p99 (ms).",
-                        [
-                            Target(quantile(0.5, "ray_serve_http_request_latency_ms"), "p50"),
-                            Target(quantile(0.99, "ray_serve_http_request_latency_ms"), "p99"),
-                        ],
+                        "End-to-end latency of HTTP requests at the Serve proxy (plain vLLM: its API server), "
+                        "p50 and p99 (ms).",
+                        [Target(_http_quantile(0.5), "p50"), Target(_http_quantile(0.99), "p99")],
                         unit="ms",
                     ),
                 ],
@@ -111,33 +132,32 @@ def dashboard() -> Dashboard:
                 [
                     Panel(
                         "Running and waiting requests",
-                        "Requests in the running batch and in the waiting queue, per Serve replica. EB+ caps running "
-                        "at N.",
+                        "Requests in the running batch and in the waiting queue, per replica. EB+ caps running at N.",
                         [
                             Target(
-                                f"sum by (ReplicaId) ({metric('ray_vllm_num_requests_running')})",
+                                f"sum by (ReplicaId) {engine('ray_vllm_num_requests_running')}",
                                 "running {{ReplicaId}}",
                             ),
                             Target(
-                                f"sum by (ReplicaId) ({metric('ray_vllm_num_requests_waiting')})",
+                                f"sum by (ReplicaId) {engine('ray_vllm_num_requests_waiting')}",
                                 "waiting {{ReplicaId}}",
                             ),
                         ],
                     ),
                     Panel(
                         "KV cache usage",
-                        "Fraction of the KV cache blocks in use, per Serve replica.",
-                        [Target(f"max by (ReplicaId) ({metric('ray_vllm_kv_cache_usage_perc')})", "{{ReplicaId}}")],
+                        "Fraction of the KV cache blocks in use, per replica.",
+                        [Target(f"max by (ReplicaId) {engine('ray_vllm_kv_cache_usage_perc')}", "{{ReplicaId}}")],
                         unit="percentunit",
                     ),
                     Panel(
                         "Preemptions",
-                        "Requests preempted for KV space per second (recomputed later), per Serve replica. EB+ aims "
+                        "Requests preempted for KV space per second (recomputed later), per replica. EB+ aims "
                         "for none while N ≤ N*. vLLM exports its counter only after the first preemption, so "
                         "until then the panel shows 0.",
                         [
                             Target(
-                                f"sum by (ReplicaId) (rate({metric('ray_vllm_num_preemptions_total')}[{RATE}]))"
+                                f"sum by (ReplicaId) {engine('ray_vllm_num_preemptions_total', rate=True)}"
                                 " or on() vector(0)",
                                 "{{ReplicaId}}",
                             )

@@ -191,7 +191,7 @@ class EBPlusRuntime:
     Args:
         engine_client: vLLM's ``AsyncLLM`` (its engine core runs our scheduler).
         config: the validated ``ebplus`` object.
-        model_id: the served model name (the ``model`` label of the metrics).
+        model_id: the served model name (the ``model_name`` label of the metrics).
     """
 
     def __init__(self, engine_client: Any, config: PluginSettings, model_id: str) -> None:

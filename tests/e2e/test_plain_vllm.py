@@ -220,7 +220,8 @@ def test_ebplus_metrics_on_vllms_metrics(server: Server) -> None:
     assert any(name.startswith("vllm:") for name in samples), "vLLM's own metrics are gone"
     assert samples["ebplus_controller_up"].value == 1
     assert (
-        samples["ebplus_threshold_version"].value >= 2 and samples["ebplus_threshold_version"].labels["model"] == MODEL
+        samples["ebplus_threshold_version"].value >= 2
+        and samples["ebplus_threshold_version"].labels["model_name"] == MODEL
     )
     assert samples["ebplus_controller_updates_total"].value >= 2
     assert samples["ebplus_workload_mu_o_tokens"].value > 0

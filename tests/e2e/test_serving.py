@@ -106,12 +106,17 @@ def test_admin_and_metrics_show_the_same_values(deployment, loaded) -> None:
     th = wait_applied(deployment)
     values = metric_values(httpx.get(f"{deployment.base_url}/metrics", timeout=30).text)
     for rid, rep in th["replicas"].items():
-        labels = frozenset({"replica": rid, "model": MODEL}.items())
-        assert values[("ebplus_threshold_k", labels)] == rep["k"]
-        assert values[("ebplus_batch_cap_n", labels)] == rep["n"]
-        assert values[("ebplus_threshold_version", labels)] == rep["version"]
-        assert values[("ebplus_applied_version", labels)] == rep["applied_version"]
-        assert values[("ebplus_theta0", labels)] == pytest.approx(rep["theta0"])
+        labels = frozenset({"ReplicaId": rid, "model_name": MODEL}.items())
+
+        def at(name: str, labels: frozenset = labels) -> float:
+            (value,) = [v for (n, series), v in values.items() if n == name and labels <= series]
+            return value
+
+        assert at("ebplus_threshold_k") == rep["k"]
+        assert at("ebplus_batch_cap_n") == rep["n"]
+        assert at("ebplus_threshold_version") == rep["version"]
+        assert at("ebplus_applied_version") == rep["applied_version"]
+        assert at("ebplus_theta0") == pytest.approx(rep["theta0"])
     assert values[("ebplus_controller_up", frozenset())] == 1
     assert values[("ebplus_telemetry_received_total", frozenset({"kind": "completions"}.items()))] >= 320
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from external_tools import REPO, binary
 
-from ebplus.controller.exporter import SPECS
+from ebplus.controller.exporter import LEGACY_LABELS, SPECS
 
 RULES = REPO / "helm" / "ebplus" / "rules" / "ebplus-alerts.yaml"
 TESTS = REPO / "tests" / "helm" / "alerts_test.yaml"
@@ -79,6 +79,7 @@ def test_alerts_read_only_exported_metrics_the_right_way() -> None:
             base = next((metric.removesuffix(s) for s in HISTOGRAM_SUFFIXES if metric.endswith(s)), metric)
             spec = SPECS.get(metric) or SPECS.get(base)
             assert spec is not None, f"{name} reads {metric}, which ebplus.controller.exporter.METRICS does not export"
+            assert not spec.deprecated, f"{name} reads {metric}: {spec.help}"
             wrapped = re.search(rf"\b(rate|increase|irate)\(\s*{metric}\b", expr) is not None
             if spec.kind == "counter":
                 assert wrapped, f"{name}: counter {metric} only through rate()/increase()"
@@ -87,6 +88,10 @@ def test_alerts_read_only_exported_metrics_the_right_way() -> None:
         labels = set(re.findall(r"\$labels\.(\w+)", " ".join(alert["annotations"].values())))
         exported = {label for m in used for label in (SPECS.get(m) or SPECS[m]).labels}
         assert labels <= exported | {"namespace", "service"}, f"{name} annotations use unknown labels"
+        legacy = {old for old, _ in LEGACY_LABELS}
+        grouped = {g.strip() for group in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^()]*)\)", expr)
+                   for g in group.split(",")}  # fmt: skip
+        assert not (labels | grouped) & legacy, f"{name} uses a deprecated label (the new ones: {LEGACY_LABELS})"
 
 
 def test_chart_renders_the_rules_file_verbatim() -> None:

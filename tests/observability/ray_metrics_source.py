@@ -1,12 +1,15 @@
 """Run a local Ray whose metrics agent exports vLLM's and Ray Serve's metrics, the way they do in a deployment.
 
-    python ray_metrics_source.py METRICS_PORT       # prints READY, serves until stdin closes
+    python ray_metrics_source.py METRICS_PORT SPECS REPLICA_ID   # prints READY, serves until stdin closes
 
 An actor declares every vLLM metric of ``dashboards.external`` through vLLM's own Ray
 wrappers (``vllm.v1.metrics.ray_wrappers``, what ``RayPrometheusStatLogger`` uses under
 ``ray.serve.llm``) with the names and kinds vLLM declares, and records Ray Serve's HTTP
 metrics through Ray Serve's own ``RequestIngressMetrics`` (what the proxy uses). Values
-are synthetic; names, types, labels and the export path are the real ones.
+are synthetic; names, types, labels and the export path are the real ones. Outside a
+Serve replica vLLM's wrappers tag ``ReplicaId=""``; the emitter stands in for the Serve
+replica ``REPLICA_ID`` (vLLM reads the id from the replica context, as EB+ does), so the
+dashboards' replica filter is exercised on engine metrics too.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ import ray
 
 @ray.remote(num_cpus=0)
 class Emitter:
-    def __init__(self, specs: list[tuple[str, str, list[str]]]) -> None:
+    def __init__(self, specs: list[tuple[str, str, list[str]]], replica_id: str) -> None:
         from ray.serve._private.common import RequestProtocol
         from ray.serve._private.request_ingress_metrics import RequestIngressMetrics
+        from vllm.v1.metrics import ray_wrappers
         from vllm.v1.metrics.ray_wrappers import RayCounterWrapper, RayGaugeWrapper, RayHistogramWrapper
+
+        ray_wrappers._get_replica_id = lambda: replica_id  # what a Serve replica's context answers
 
         self.metrics = []
         for source, kind, extra in specs:
@@ -70,7 +76,7 @@ def main() -> None:
         _system_config={"metrics_report_interval_ms": 1000},
         log_to_driver=False,
     )
-    emitter = Emitter.remote(specs)
+    emitter = Emitter.remote(specs, sys.argv[3])
     ray.get(emitter.tick.remote())
     print("READY", flush=True)
     try:

@@ -103,6 +103,7 @@ def test_every_queried_metric_is_exported(query) -> None:
         name = base_name(series, HISTOGRAMS)
         spec = SPECS.get(name) or EXTERNAL.get(name)
         assert spec is not None, f"{series}: not in ebplus.controller.exporter.METRICS nor dashboards.external"
+        assert not getattr(spec, "deprecated", False), f"{series} is deprecated: {spec.help}"
         if spec.kind == "histogram":
             assert series != name, f"{name} is a histogram: query _bucket, _sum or _count"
 
@@ -142,7 +143,12 @@ def test_datasource_is_a_variable_and_variables_exist(path) -> None:
     board = load(path)
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    assert "model" in variables and ("replica" in variables)
+    # one replica variable: EB+'s metrics and the engine's (both deployments) share ReplicaId and model_name
+    assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "model", "replica"]
+    assert [v["definition"].rsplit(",", 1)[1].strip(" )") for v in list(variables.values())[1:]] == [
+        "model_name",
+        "ReplicaId",
+    ]
     ids = set()
     for panel in board["panels"]:
         assert panel["id"] not in ids

@@ -37,7 +37,7 @@ def test_prometheus_helper_scrapes_the_exporter(prometheus, app) -> None:
     prom.wait_for_scrapes(3, timeout=60)
     (up,) = prom.query('up{job="ebplus"}')
     assert up["value"][1] == "1" and up["metric"]["env"] == "test"
-    (k,) = prom.query(f'ebplus_threshold_k{{replica="{REPLICAS[1]}"}}')
+    (k,) = prom.query(f'ebplus_threshold_k{{ReplicaId="{REPLICAS[1]}"}}')
     assert float(k["value"][1]) == 9  # the override the synthetic app set
     with pytest.raises(Exception, match="parse error"):
         prom.query("sum(")
@@ -49,7 +49,7 @@ def test_every_ebplus_panel_query_returns_data(prometheus, app) -> None:
     prom.wait_for_scrapes(6, timeout=60)
     # rate() needs the series to have moved inside the window; on a loaded machine
     # the synthetic feeder can stall for seconds, so each query gets 30 s to show data
-    pinned = {"model": MODEL, "replica": REPLICAS[0], "vllm_replica": ".*"}
+    pinned = {"model": MODEL, "replica": REPLICAS[0]}
     failures = []
     for query in EBPLUS_ONLY:
         for variables in ({}, pinned):

@@ -145,7 +145,7 @@ def test_metrics_and_admin_agree(actor) -> None:
     c = make_client(actor, TOKEN)
     text = c.get("/metrics").text
     th = c.get("/admin/thresholds", headers=AUTH).json()["replicas"]["r0"]
-    assert f'ebplus_threshold_k{{model="m",replica="r0"}} {float(th["k"])}' in text
+    assert f'ebplus_threshold_k{{ReplicaId="r0",model="m",model_name="m",replica="r0"}} {float(th["k"])}' in text
     assert "ebplus_controller_up 1.0" in text
 
 

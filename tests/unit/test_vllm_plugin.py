@@ -237,7 +237,7 @@ def test_metrics_are_read_from_the_live_controller() -> None:
     assert "ebplus_controller_up 1.0" in before and "ebplus_threshold_k{" not in before
     asyncio.run(actor.register(encode(registration("r0"))))
     after = generate_latest(registry).decode()
-    assert 'ebplus_threshold_k{model="tiny",replica="r0"}' in after
+    assert 'ebplus_threshold_k{ReplicaId="r0",model="tiny",model_name="tiny",replica="r0"}' in after
 
 
 def test_a_failing_snapshot_reports_the_controller_down(monkeypatch: pytest.MonkeyPatch) -> None:
