@@ -43,7 +43,7 @@ models: install
 	$(VENV)/bin/ebplus build-model tiny
 
 bench-sim: install
-	$(VENV)/bin/ebplus bench-sim
+	$(VENV)/bin/ebplus bench sim
 
 # BASELINE=path/to/python: also measure that interpreter's ebplus (an older checkout), run by run
 bench-controller: install

@@ -1,4 +1,4 @@
-"""``ebplus bench-sim``: every shipped profile x setting x policy, as tables, JSON and plots.
+"""``ebplus bench sim``: every shipped profile x setting x policy, as tables, JSON and plots.
 
 Settings (DESIGN §4, the paper's experiments):
 
@@ -551,7 +551,7 @@ def main(args: argparse.Namespace) -> int:
     speed = [] if args.quick else speed_check("h200" if "h200" in profiles else profiles[0])
     summary = summary_rows(results)
     command = (
-        "ebplus bench-sim"
+        "ebplus bench sim"
         + (" --quick" if args.quick else "")
         + (f" --profiles {args.profiles}" if args.profiles else "")
         + (f" --seeds {args.seeds}" if args.seeds else "")

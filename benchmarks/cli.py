@@ -1,13 +1,12 @@
-"""``ebplus bench-sim`` and ``ebplus bench-overhead``: the benchmark suites that make the docs' figures.
+"""``ebplus bench sim`` and ``ebplus bench overhead``: the benchmark suites that make the docs' figures.
 
 They run from a checkout (this folder is not installed): ``make bench-sim``,
-``python -m benchmarks bench-sim``. Heavy imports happen inside the run functions.
+``python -m benchmarks bench sim``. Heavy imports happen inside the run functions.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from benchmarks.outputs import RAW_DIR, SUMMARY_DIR
 from ebplus.arguments import positive_int
@@ -15,7 +14,7 @@ from ebplus.arguments import positive_int
 
 def register(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
-        "bench-sim",
+        "sim",
         help="run the simulator benchmark grid and write tables and plots",
         description=(
             "Run every profile x setting x policy of the simulator benchmark: synthetic saturated "
@@ -53,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from benchmarks import overhead
 
     o = sub.add_parser(
-        "bench-overhead",
+        "overhead",
         help="measure what the serving plane costs: ebplus serve vs plain vLLM and Ray Serve LLM",
         description=overhead.__doc__.split("\n\n")[0] + " " + overhead.__doc__.split("\n\n")[2],
     )
@@ -70,4 +69,4 @@ def run_bench_sim(args: argparse.Namespace) -> int:
 def run_bench_overhead(args: argparse.Namespace) -> int:
     from benchmarks.overhead import run
 
-    return run(args, "ebplus bench-overhead " + " ".join(sys.argv[2:]))
+    return run(args, args.command_line)

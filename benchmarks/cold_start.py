@@ -1,4 +1,4 @@
-"""How the workload estimate tracks the truth from a cold start (a section of ``ebplus bench-sim``).
+"""How the workload estimate tracks the truth from a cold start (a section of ``ebplus bench sim``).
 
 A replica starts empty under a deep queue (the paper's c = 2048): the first cohort is
 admitted at once, and the controller's first estimate comes after 30 completions -

@@ -6,7 +6,7 @@ Reads ``DIR/points.csv`` and ``DIR/run.yaml`` (:mod:`benchmarks.gpu_probe`) and 
   the one ``ebplus profile`` uses on a real engine (the fastest repeat of each step shape, Huber
   fits per step kind, ``beta_mb(r)`` and the KV-read term ``beta_kv``; the decode sweep's two
   axes, batch and context, are what lets the fit separate ``beta_d`` from ``beta_kv``), in the
-  project's profile format (``ebplus simulate --profile DIR/profile.yaml``);
+  project's profile format (``ebplus sim run --profile DIR/profile.yaml``);
 * ``DIR/interference.png``: step time against the decode share ``r`` like the paper's Figure 1,
   measured (the fastest repeat of each point, a bar up to the median) and as the fitted model prices it;
 * ``DIR/report.md`` (where the fit ran): the fit, r* from the measured curve beside the paper's, and with
@@ -174,11 +174,11 @@ def fit(rows: list[dict], run: dict, name: str):
 
 
 def simulate(profile: str) -> dict[tuple[int, str], float]:
-    """Total tokens/s of ``ebplus simulate`` on the paper workload for each (concurrency, policy)."""
+    """Total tokens/s of ``ebplus sim run`` on the paper workload for each (concurrency, policy)."""
     out = {}
     for c, requests in SIM_RUNS.items():
         for policy in SIM_POLICIES:
-            cmd = [sys.executable, "-m", "ebplus.cli", "simulate", "--profile", profile, "--workload", "paper",
+            cmd = [sys.executable, "-m", "ebplus.cli", "sim", "run", "--profile", profile, "--workload", "paper",
                    "--policy", policy, "--concurrency", str(c), "--n", str(SIM_N), "--requests", str(requests),
                    "--json"]  # fmt: skip
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -366,7 +366,7 @@ def render(run: dict, rows: list[dict], found: dict, table, notes: list[str], na
             "",
             "## The simulator on this profile",
             "",
-            f"`ebplus simulate --workload paper --n {SIM_N} --policy mb|eb|eb+ --concurrency C --requests R --json`, "
+            f"`ebplus sim run --workload paper --n {SIM_N} --policy mb|eb|eb+ --concurrency C --requests R --json`, "
             f"total tokens/s, c = 32, 512, 2048 with R = {', '.join(f'{r:,}' for r in SIM_RUNS.values())} (the "
             "paper's Table 4 runs), on this profile and on the shipped `h200` profile (Qwen3-8B, calibrated to the "
             "paper's Table 4, whose measured figures are the last rows).",

@@ -196,7 +196,7 @@ class Runbook:
         steps = []
         for c, requests in s.paper.items():
             for _, policy in PAPER_MODES:
-                argv = [self.python, "-m", "ebplus.cli", "simulate", "--profile", str(self.profile)]
+                argv = [self.python, "-m", "ebplus.cli", "sim", "run", "--profile", str(self.profile)]
                 argv += ["--workload", str(workload), "--policy", policy, "--concurrency", str(c)]
                 argv += ["--requests", str(requests), "--n", str(s.engine["max_num_seqs"])]
                 argv += ["--budget", str(s.engine["max_num_batched_tokens"]), "--json"]

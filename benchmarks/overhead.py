@@ -2,7 +2,7 @@
 
     python -m benchmarks.overhead [--servers vllm,ray-llm,ebplus-mb,ebplus-auto,vllm-plugin] [--rounds 5]
                                     [--num-prompts 16] [--max-concurrency 16] [--profile]
-    ebplus bench-overhead ...   (the same)
+    ebplus bench overhead ...   (the same)
 
 Servers (benchmarks/overhead_servers.py): (a) ``vllm``, vLLM's own OpenAI
 server with the stock scheduler; (b) ``ray-llm``, Ray Serve LLM's stock OpenAI app

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     import ray
 
-    start_ray(cfg)
+    start_ray(cfg.ray)
     try:
         serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
         serve.run(build(cfg, source), name=APP_NAME, route_prefix="/", blocking=False)

@@ -5,7 +5,7 @@ with the simulator on *that run's* requests: every prompt length, every output
 length the model produced, every ``max_tokens`` cap, in the order the closed loop
 issued them. The conversion goes through the simulator's own trace format
 (:func:`ebplus.simulator.workloads.load_trace`'s JSONL, one line per request), so a
-cell can be re-run by hand with ``ebplus simulate --workload FILE.jsonl``.
+cell can be re-run by hand with ``ebplus sim run --workload FILE.jsonl``.
 
 What a trace line says about a request the engine served:
 

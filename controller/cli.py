@@ -1,4 +1,4 @@
-"""``ebplus theory`` and ``ebplus estimate``: the closed forms and the estimator from the shell."""
+"""``ebplus sim theory`` and ``ebplus sim estimate``: the closed forms and the estimator from the shell."""
 
 from __future__ import annotations
 

@@ -70,15 +70,32 @@ def ensure_controller(config: ControllerConfig) -> Any:
     if running == wanted:
         return handle
     logger.info("controller upgrade: running %s, wanted %s; persisting its state and replacing it", running, wanted)
+    stop_controller(handle)
+    return start_controller(config)
+
+
+def stop_controller(handle: Any) -> int | None:
+    """Persist the running controller's state, stop it and wait until its name is free.
+
+    Returns the version persisted, or ``None`` when the controller did not answer (its
+    last periodic snapshot stands). An upgrade starts the new controller next; ``ebplus
+    shutdown`` leaves the state for the next ``serve`` or ``deploy`` to resume from.
+    """
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    from ebplus.controller.actor import get_controller
+
+    version = None
     try:
         version = ray.get(handle.checkpoint.remote(), timeout=ANSWER_TIMEOUT_S)
-        logger.info("controller upgrade: state persisted at version %d", version)
-    except (AttributeError, GetTimeoutError, RayActorError) as exc:  # its last periodic snapshot stands
-        logger.warning("controller upgrade: no final snapshot (%s)", type(exc).__name__)
+        logger.info("controller: state persisted at version %d", version)
+    except (AttributeError, GetTimeoutError, RayActorError) as exc:
+        logger.warning("controller: no final snapshot (%s)", type(exc).__name__)
     ray.kill(handle, no_restart=True)
     deadline = time.monotonic() + 60
     while get_controller() is not None:  # the name is free once the GCS saw the actor die
         if time.monotonic() > deadline:
             raise RuntimeError("the old controller actor did not go away within 60 s")
         time.sleep(0.2)
-    return start_controller(config)
+    return version

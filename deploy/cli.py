@@ -1,22 +1,34 @@
-"""``ebplus serve`` and ``ebplus build-model``."""
+"""``ebplus serve``, ``deploy``, ``shutdown`` and ``build-model``: the operations on a Ray cluster.
+
+They take Ray's habits: ``--address`` names the cluster (else the config's ``ray.address``,
+else ``RAY_ADDRESS``: the order ``ray.init`` reads them in), ``--config`` defaults to the
+packaged ``deploy/local.yaml`` from any directory, and every flag that overrides a config
+field is validated as the file is (:func:`ebplus.deploy.config.with_overrides`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from ebplus.deploy.config import ConfigError, ServeConfig, load_config
+from ebplus.arguments import renamed_flag
+from ebplus.deploy.config import DEFAULT_CONFIG, ConfigError, RaySection, ServeConfig, load_config, with_overrides
 from ebplus.errors import CommandError
 
 #: Default limit for the application to reach RUNNING (``--deploy-timeout``): a first start
 #: may download a model from the Hub and compile CUDA graphs; on a CPU it takes a minute or two.
 DEPLOY_TIMEOUT_S = 1200.0
+
+#: The environment variable Ray's own CLI and ``ray.init`` read for the cluster's address.
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
 def _add_deploy_timeout(parser: argparse.ArgumentParser) -> None:
@@ -30,48 +42,94 @@ def _add_deploy_timeout(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_address(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--address",
+        default=None,
+        metavar="HOST:PORT",
+        help=f"the Ray cluster (its GCS, as `ray start --head` prints it, or 'auto'); {what}",
+    )
+    renamed_flag(parser, "--ray-address", "--address")
+
+
+def _add_config(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"{what} (YAML; keys: docs/reference/config.md); default: the packaged deploy/local.yaml (one CPU "
+        "replica of the embedded SmolLM2), from any directory",
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser(
         "serve",
-        help="run the Ray Serve deployment from a config file",
+        help="run the application from a config file in the foreground (Ray's `serve run`)",
         description=(
             "Start (or join) a Ray cluster, the EB+ controller actor and the Serve application "
             "(OpenAI API, /admin, /metrics) described by a config file, then wait until Ctrl-C or "
-            "SIGTERM and shut down cleanly. Builtin models are built first if missing."
+            "SIGTERM and shut down cleanly: on a cluster it started, Ray Serve and Ray; on a cluster it "
+            "joined, only its application. Builtin models are built first if missing (into model.cache_dir, "
+            "relative to the working directory). --port, --host and --address override the config's fields "
+            "and are validated as the file is (exit 2 naming the flag and the field)."
         ),
+        epilog="Examples: ebplus serve --check; ebplus serve --config deploy/gpu.yaml --port 8001; "
+        "RAY_ADDRESS=10.0.0.5:6379 ebplus serve --config my.yaml",
     )
-    s.add_argument("--config", type=Path, default=Path("deploy/local.yaml"), help="deployment config (YAML)")
-    s.add_argument("--port", type=int, default=None, help="override http.port")
-    s.add_argument("--host", default=None, help="override http.host")
+    _add_config(s, "deployment config")
+    s.add_argument(
+        "--port", type=int, default=None, help="override http.port, the port of the OpenAI API, /admin and /metrics"
+    )
+    s.add_argument("--host", default=None, help="override http.host, the address the HTTP proxy binds")
     s.add_argument(
         "--check",
         action="store_true",
         help="validate the config and exit: the schema, then offline checks of model.source, the engine "
         "arguments against vLLM's and the devices (serving runs the same checks before starting Ray)",
     )
-    s.add_argument(
-        "--ray-address", default=None, help="override ray.address: join this Ray cluster (host:port of its GCS)"
-    )
+    _add_address(s, f"overrides ray.address; default ray.address, else ${RAY_ADDRESS_ENV}, else start a local cluster")
     _add_deploy_timeout(s)
     s.set_defaults(run=run_serve)
 
     d = sub.add_parser(
         "deploy",
-        help="deploy or update the application on a running Ray cluster, then return",
+        help="deploy or update the application on a running Ray cluster, then return (`serve deploy`)",
         description=(
-            "Deploy the Serve application of a config file to the running Ray cluster at ray.address and "
+            "Deploy the Serve application of a config file to the running Ray cluster at --address and "
             "return (ebplus serve stays in the foreground instead). On an application that already runs "
             "(started by ebplus serve or an earlier deploy) this is an in-place update: Serve replaces the "
             "model replicas one at a time when their settings changed (each old replica finishes its requests "
             "first), and the EB+ controller is upgraded when its code or controller: settings changed, resuming "
             "from its persisted state. Returns once the application runs the new config."
         ),
+        epilog="Example: ebplus deploy --config deploy/gpu.yaml --address 10.0.0.5:6379",
     )
-    d.add_argument("--config", type=Path, required=True, help="deployment config (YAML)")
-    d.add_argument("--ray-address", default=None, help="override ray.address (host:port of the cluster's GCS)")
-    d.add_argument("--delete", action="store_true", help="remove the application instead")
+    d.add_argument("--config", type=Path, required=True, metavar="FILE", help="deployment config (YAML)")
+    _add_address(d, f"overrides ray.address; default ray.address, else ${RAY_ADDRESS_ENV} (one is required)")
+    d.add_argument(
+        "--delete",
+        action="store_true",
+        help="remove the application instead and leave the controller (ebplus shutdown removes both)",
+    )
     _add_deploy_timeout(d)
     d.set_defaults(run=run_deploy, host=None, port=None)
+
+    h = sub.add_parser(
+        "shutdown",
+        help="remove the EB+ application and controller from a Ray cluster (`serve shutdown`)",
+        description=(
+            "Delete the EB+ Serve application ('ebplus') and stop the EB+ controller actor on the Ray "
+            "cluster at --address, after it persisted its state (the next ebplus serve or deploy on that "
+            "cluster resumes from it). Ray, Ray Serve and any other application on the cluster stay; "
+            "Ray's `serve shutdown` removes those. Nothing to remove is not an error."
+        ),
+        epilog="Example: ebplus shutdown --address 10.0.0.5:6379 --yes",
+    )
+    _add_address(h, f"default ${RAY_ADDRESS_ENV} (one is required)")
+    h.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation (needed without a terminal)")
+    h.set_defaults(run=run_shutdown)
 
     b = sub.add_parser(
         "build-model",
@@ -105,14 +163,25 @@ def run_build_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cluster_address(args: argparse.Namespace, configured: str | None = None) -> tuple[str, str] | None:
+    """The Ray cluster to override ``configured`` (the config's ``ray.address``) with, and where it came
+    from: ``--address``, else, when the config names none, ``RAY_ADDRESS``. The order is ``ray.init``'s
+    (an explicit address, else the environment); ``None``: keep ``configured``."""
+    if args.address is not None:
+        return "--address", args.address
+    if configured:
+        return None
+    env = os.environ.get(RAY_ADDRESS_ENV, "").strip()
+    return (RAY_ADDRESS_ENV, env) if env else None
+
+
 def _with_overrides(cfg: ServeConfig, args: argparse.Namespace) -> ServeConfig:
-    http = cfg.http.model_copy(
-        update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    )
-    update = {"http": http}
-    if args.ray_address is not None:
-        update["ray"] = cfg.ray.model_copy(update={"address": args.ray_address})
-    return cfg.model_copy(update=update)
+    overrides: dict[str, tuple[str, Any]] = {
+        f"http.{name}": (f"--{name}", value) for name in ("host", "port") if (value := getattr(args, name)) is not None
+    }
+    if (address := cluster_address(args, cfg.ray.address)) is not None:
+        overrides["ray.address"] = address
+    return with_overrides(cfg, overrides)
 
 
 def banner(cfg: ServeConfig, ray_address: str | None = None) -> str:
@@ -137,8 +206,8 @@ def banner(cfg: ServeConfig, ray_address: str | None = None) -> str:
     )
 
 
-def start_ray(cfg: ServeConfig, attempts: int = 3) -> Path:
-    """Join ``ray.address`` or start a local Ray and return the session directory (logs);
+def start_ray(section: RaySection, attempts: int = 3) -> Path:
+    """Join ``section.address`` or start a local Ray and return the session directory (logs);
     retried because Ray gives a new node only 30 s to register, which a loaded 2-core
     machine can miss."""
     import ray
@@ -147,15 +216,15 @@ def start_ray(cfg: ServeConfig, attempts: int = 3) -> Path:
 
     for attempt in range(1, attempts + 1):
         try:
-            if cfg.ray.address:
-                context = ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, log_to_driver=False)
+            if section.address:
+                context = ray.init(address=section.address, namespace=section.namespace, log_to_driver=False)
             else:
                 context = ray.init(
-                    num_cpus=cfg.ray.num_cpus,
-                    namespace=cfg.ray.namespace,
+                    num_cpus=section.num_cpus,
+                    namespace=section.namespace,
                     include_dashboard=False,
                     log_to_driver=False,
-                    _metrics_export_port=cfg.ray.metrics_export_port,
+                    _metrics_export_port=section.metrics_export_port,
                 )
             return Path(context.address_info.get("session_dir") or DEFAULT_SESSION_DIR)
         except Exception as exc:  # Ray raises a bare Exception for a slow node start
@@ -212,6 +281,8 @@ def deploy_app(
 def _load(args: argparse.Namespace, command: str) -> ServeConfig | None:
     """The config with the command line's overrides, or None once the reason it is invalid is printed
     (exit status 2: the user's input, not a failure of the run); checked before anything starts."""
+    if args.config is None:
+        args.config = DEFAULT_CONFIG
     try:
         cfg = _with_overrides(load_config(args.config), args)
     except ConfigError as exc:
@@ -229,7 +300,7 @@ def run_deploy(args: argparse.Namespace) -> int:
     if not cfg.ray.address:
         print(
             f"ebplus deploy: {args.config}: ray.address: deploy needs a running Ray cluster "
-            "(set ray.address or --ray-address; ebplus serve starts a local one)",
+            f"(--address, {RAY_ADDRESS_ENV} or ray.address; ebplus serve starts a local one)",
             file=sys.stderr,
         )
         return 2
@@ -240,7 +311,7 @@ def run_deploy(args: argparse.Namespace) -> int:
     from ebplus.deploy.app import APP_NAME, model_path
 
     source = None if args.delete else model_path(cfg, build=True)
-    session_dir = start_ray(cfg)
+    session_dir = start_ray(cfg.ray)
     try:
         if args.delete:
             serve.delete(APP_NAME)
@@ -251,6 +322,55 @@ def run_deploy(args: argparse.Namespace) -> int:
             print(f"[deploy] running the new config after {took:.0f} s", flush=True)
     finally:
         ray.shutdown()
+    return 0
+
+
+def _confirm(question: str) -> bool:
+    """Ask on the terminal; without one (a script, CI) the caller must have passed ``--yes``."""
+    if not sys.stdin.isatty():
+        raise CommandError(f"{question} needs confirmation: pass --yes (stdin is not a terminal)")
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def run_shutdown(args: argparse.Namespace) -> int:
+    address = cluster_address(args)
+    if address is None:
+        raise CommandError(
+            f"which Ray cluster? pass --address HOST:PORT or set {RAY_ADDRESS_ENV} (ebplus serve prints the address)"
+        )
+    from ebplus.deploy.app import APP_NAME
+
+    where = f"the Ray cluster at {address[1]}"
+    if not args.yes and not _confirm(f"Remove the application {APP_NAME!r} and the EB+ controller from {where}?"):
+        print("[shutdown] nothing changed", flush=True)
+        return 1
+
+    import ray
+    from ray import serve
+
+    from ebplus.controller.actor import ACTOR_NAME, get_controller
+    from ebplus.controller.lifecycle import stop_controller
+
+    def log(message: str) -> None:
+        print(f"[shutdown] {message}", flush=True)
+
+    start_ray(RaySection(address=address[1]))
+    try:
+        if APP_NAME in serve.status().applications:
+            serve.delete(APP_NAME)
+            log(f"application {APP_NAME!r} deleted from {where}")
+        else:
+            log(f"no application {APP_NAME!r} on {where}")
+        handle = get_controller()
+        if handle is None:
+            log(f"no controller {ACTOR_NAME!r} on {where}")
+        else:
+            version = stop_controller(handle)
+            kept = "its last periodic snapshot" if version is None else f"its state at version {version}"
+            log(f"controller {ACTOR_NAME!r} stopped; {kept} stays persisted for the next ebplus serve or deploy")
+    finally:
+        ray.shutdown()
+    log("done; Ray and Ray Serve still run (Ray's `serve shutdown` and `ray stop` remove them)")
     return 0
 
 
@@ -276,7 +396,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from ebplus.deploy.app import APP_NAME, model_path
 
-    say(f"model {cfg.model.source} ...")
+    cache = Path(cfg.model.cache_dir).expanduser().resolve()  # relative: to the working directory
+    say(f"model {cfg.model.source}" + (f" (built in {cache})" if cfg.model.source.startswith("builtin:") else "") + " ...")
     with building(f"model.source {cfg.model.source}"):
         source = model_path(cfg, build=True)
 
@@ -288,7 +409,7 @@ def run_serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
 
     say("starting Ray ...")
-    session_dir = start_ray(cfg)
+    session_dir = start_ray(cfg.ray)
     say(f"Ray is up; its logs: {session_dir / 'logs'} (Serve and replicas: {session_dir / 'logs' / 'serve'})")
     try:
         took = deploy_app(cfg, source, session_dir, args.deploy_timeout, "serve", stop.is_set)

@@ -160,3 +160,40 @@ def load_config(path: str | os.PathLike[str]) -> ServeConfig:
 def json_schema() -> dict:
     """JSON schema of :class:`ServeConfig` (the Helm chart's ``values.schema.json`` embeds it)."""
     return ServeConfig.model_json_schema()
+
+
+#: The packaged default config, ``deploy/local.yaml`` (package data of ``ebplus.deploy``): what
+#: ``ebplus serve`` and ``ebplus profile`` read without ``--config``, from any directory.
+DEFAULT_CONFIG = Path(__file__).with_name("local.yaml")
+
+
+def with_overrides(cfg: ServeConfig, overrides: dict[str, tuple[str, Any]]) -> ServeConfig:
+    """``cfg`` with command-line overrides, validated exactly as the file is.
+
+    ``overrides`` maps a field path to the flag that set it and its value, e.g.
+    ``{"http.port": ("--port", 70000)}``. The config's explicitly set fields are dumped,
+    the overrides merged in and the whole validated again (``model_copy(update=...)``
+    would skip validation), so a bound or a cross-field check refuses an override as it
+    refuses the file; each error names the flag, its value and the field.
+    """
+    if not overrides:
+        return cfg
+    data = cfg.model_dump(exclude_unset=True)
+    for path, (_, value) in overrides.items():
+        *sections, key = path.split(".")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
+    try:
+        return ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        given = ", ".join(f"{flag} {value}" for flag, value in overrides.values())
+        lines = []
+        for err in exc.errors():
+            path = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            flag, value = overrides.get(path, (None, None))
+            where = f"{flag} {value}" if flag else f"with {given}"
+            lines.append(f"{where}: {path}: {msg}" if path else f"{where}: {msg}")
+        raise ConfigError("\n".join(lines)) from None

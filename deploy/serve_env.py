@@ -7,7 +7,7 @@ environment wins, so each one can be turned back (``RAY_SERVE_ENABLE_HA_PROXY=0
 ebplus serve ...``). A cluster ``ebplus serve`` joins (``ray.address``, KubeRay) keeps
 the environment its pods were started with.
 
-Why (measured with ``ebplus bench-overhead``, docs/benchmarks/overhead.md): on the
+Why (measured with ``ebplus bench overhead``, docs/benchmarks/overhead.md): on the
 2-core CPU deployment every CPU second the serving plane spends is taken from the
 engine. With Ray Serve's defaults each streamed chunk crosses the Python HTTP proxy
 and two replica event loops in threads of their own; these settings halve the serving

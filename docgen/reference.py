@@ -264,17 +264,27 @@ def render_metrics() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def _subcommands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand by its path (``serve``, ``sim``, ``sim run``), groups before their commands, in --help order."""
+    found: dict[str, argparse.ArgumentParser] = {}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
+            for listed in action._choices_actions:
+                name = f"{prefix}{listed.dest}"
+                found[name] = action.choices[listed.dest]
+                found.update(_subcommands(found[name], name + " "))
+    return found
 
 
 def usage(parser: argparse.ArgumentParser) -> str:
     formatter = argparse.HelpFormatter(parser.prog, width=USAGE_WIDTH)
     formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
     return formatter.format_help().strip()
+
+
+def documented(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """A parser's arguments the reference lists: not -h/--help, not a renamed flag kept hidden for one release."""
+    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction) and a.help is not argparse.SUPPRESS]
 
 
 def argument_row(action: argparse.Action) -> tuple[str, ...]:
@@ -312,7 +322,7 @@ def render_cli() -> str:
     for name, sub in _subcommands(parser).items():
         lines += [f"## `ebplus {name}`", "", " ".join((sub.description or "").split()), ""]
         lines += ["```text", usage(sub), "```", ""]
-        rows = [argument_row(a) for a in sub._actions if not isinstance(a, argparse._HelpAction)]
+        rows = [argument_row(a) for a in documented(sub)]
         if rows:
             lines += table(("Argument", "Values", "Default", "Help"), rows)
             lines.append("")

@@ -25,8 +25,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         epilog="Example: ebplus profile --config deploy/local.yaml --name cpu-smollm2",
     )
-    p.add_argument("--config", type=Path, default=Path("deploy/local.yaml"), help="deployment config (engine + model)")
-    p.add_argument("--model", default=None, help="override model.source (a directory, builtin:smollm2, builtin:tiny)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="deployment config (engine + model); default: the packaged deploy/local.yaml, from any directory",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="override model.source (a directory, builtin:smollm2, builtin:tiny), validated as the file is",
+    )
     p.add_argument("--name", default=None, help="profile name (default: cpu-<model id> or gpu-<model id>)")
     p.add_argument("--out", type=Path, default=None, help="output YAML (default: controller/profiles/<name>.yaml)")
     p.add_argument("--rounds", type=positive_int, default=None, help="measurement rounds (default 3); up to 2 more, one at a time, while a step kind cannot be fitted")
@@ -35,12 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_profile)
 
 
-def _load_config(path: Path, model: str | None):
+def _load_config(path: Path | None, model: str | None):
     """The deployment config, without its prior profile (which may be the very file being made)."""
     import yaml
 
-    from ebplus.deploy.config import ConfigError, parse_config
+    from ebplus.deploy.config import DEFAULT_CONFIG, ConfigError, parse_config, with_overrides
 
+    path = DEFAULT_CONFIG if path is None else path
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
@@ -51,9 +62,8 @@ def _load_config(path: Path, model: str | None):
     if isinstance(replicas, dict):
         replicas = {k: v for k, v in replicas.items() if k not in ("profile", "profiles")}
         data = {**data, "replicas": replicas}
-    if model is not None:
-        data = {**data, "model": {**(data.get("model") or {}), "source": model}}
-    return parse_config(data, str(path))
+    cfg = parse_config(data, str(path))
+    return with_overrides(cfg, {} if model is None else {"model.source": ("--model", model)})
 
 
 def run_profile(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``ebplus simulate``: the simulator from the shell, the what-if for a user's workload and profile.
+"""``ebplus sim run``: the simulator from the shell, the what-if for a user's workload and profile.
 
 Heavy imports (numpy, the simulator) happen inside the run function so that
 ``ebplus --help`` stays fast.
@@ -16,7 +16,7 @@ POLICIES = ("mb", "eb", "v0", "eb+")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "simulate",
+        "run",
         help="simulate one policy on a hardware profile and workload",
         description=(
             "Simulate one engine replica step by step: the real phase machine picks each step, the "

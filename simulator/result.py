@@ -35,7 +35,7 @@ class StepLog:
 
 @dataclass
 class SimResult:
-    """What one run measured. ``as_json`` has the documented keys of ``ebplus simulate --json``.
+    """What one run measured. ``as_json`` has the documented keys of ``ebplus sim run --json``.
 
     Keys (times in seconds of simulated time):
 
@@ -184,7 +184,7 @@ class SimResult:
         return self._steady_rate((self.input_len + self.output_len).astype(float), lo, hi)
 
 
-#: The fields of an estimate ``ebplus simulate --json`` and ``ebplus bench-sim`` report.
+#: The fields of an estimate ``ebplus sim run --json`` and ``ebplus bench sim`` report.
 ESTIMATE_KEYS = ("p0", "eta", "mu_o", "mu_l", "theta_star", "method", "model", "gof")
 
 

@@ -1,4 +1,4 @@
-"""``ebplus bench-sim --quick``: the grid runs end to end and writes its table, JSON and plots."""
+"""``ebplus bench sim --quick``: the grid runs end to end and writes its table, JSON and plots."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ebplus.simulator.sim import Policy
 
 def test_quick_grid_smoke(tmp_path: Path, capsys) -> None:
     out = tmp_path / "results"
-    assert main(["bench-sim", "--quick", "--profiles", "h200", "--workers", "1", "--out", str(out)]) == 0
+    assert main(["bench", "sim", "--quick", "--profiles", "h200", "--workers", "1", "--out", str(out)]) == 0
     capsys.readouterr()
     data = json.loads((out / "bench_sim.json").read_text())
     assert data["tuning_seeds"] == [0] and data["seeds"] == [1]
@@ -57,7 +57,7 @@ def test_quick_grid_smoke(tmp_path: Path, capsys) -> None:
 
 
 def test_bench_sim_rejects_unknown_profile(capsys) -> None:
-    assert main(["bench-sim", "--quick", "--profiles", "nope", "--out", "/tmp/unused"]) == 2
+    assert main(["bench", "sim", "--quick", "--profiles", "nope", "--out", "/tmp/unused"]) == 2
     assert "unknown profile 'nope'" in capsys.readouterr().err
 
 

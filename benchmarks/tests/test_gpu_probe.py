@@ -174,7 +174,7 @@ def test_cpu_probe_writes_a_profile_the_simulator_runs(
     assert "## Interference threshold r*" in report and "## Fitted profile" in report
 
     capsys.readouterr()
-    argv = ["simulate", "--profile", str(out / "profile.yaml"), "--workload", "paper", "--policy", "eb",
+    argv = ["sim", "run", "--profile", str(out / "profile.yaml"), "--workload", "paper", "--policy", "eb",
             "--concurrency", "32", "--requests", "300", "--json"]  # fmt: skip
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)

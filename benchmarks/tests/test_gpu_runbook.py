@@ -21,7 +21,7 @@ def test_dry_run_checks_every_step(tmp_path: Path, device_args: list[str], capsy
     assert code == 0
     assert "bash deploy/install.sh" in out
     for module in ("ebplus.cli profile", "benchmarks.engine_bench", "benchmarks.sim_vs_engine",
-                   "benchmarks.e2e_bench", "ebplus.cli simulate"):  # fmt: skip
+                   "benchmarks.e2e_bench", "ebplus.cli sim run"):  # fmt: skip
         assert module in out
     config = (tmp_path / "engine.yaml").read_text()
     assert "Qwen/Qwen2.5-0.5B-Instruct" in config if not device_args or "gpu" in device_args else "builtin:tiny" in config

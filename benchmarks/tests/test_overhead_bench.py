@@ -140,7 +140,7 @@ def test_bad_server_name_is_a_clear_error(capsys) -> None:
 
 def test_the_ebplus_cli_reaches_the_benchmark(capsys) -> None:
     with pytest.raises(SystemExit):
-        ebplus_main(["bench-overhead", "--help"])
+        ebplus_main(["bench", "overhead", "--help"])
     assert "--rounds" in capsys.readouterr().out
     parser = argparse.ArgumentParser()
     overhead.add_arguments(parser)

@@ -97,13 +97,13 @@ def start_deployment(
     """Start ``ebplus serve --config`` in its own session and wait until it serves and the controller answers.
 
     ``extra_env`` is added to the environment of the whole process tree (Ray's processes inherit it).
-    With ``ray_address`` it joins that cluster (``--ray-address``) instead of starting one.
+    With ``ray_address`` it joins that cluster (``--address``) instead of starting one.
     """
     config = load_config(config_path)
     extra = []
     if ray_address is not None:
         config = config.model_copy(update={"ray": config.ray.model_copy(update={"address": ray_address})})
-        extra = ["--ray-address", ray_address]
+        extra = ["--address", ray_address]
     env = {**os.environ, **(extra_env or {}), "EBPLUS_ADMIN_TOKEN": admin_token, "PYTHONUNBUFFERED": "1"}
     env.pop("EBPLUS_API_KEY", None)
     if api_key:

@@ -159,7 +159,7 @@ def ebplus_deploy(dep: Deployment, config_path: Path, timeout_s: float = 900) ->
     """``ebplus deploy --config`` against the deployment's cluster, as a user runs it; returns its wall time."""
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "ebplus.cli", "deploy", "--config", str(config_path), "--ray-address", dep.ray_address],
+        [sys.executable, "-m", "ebplus.cli", "deploy", "--config", str(config_path), "--address", dep.ray_address],
         cwd=ROOT,
         capture_output=True,
         text=True,

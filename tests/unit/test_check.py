@@ -88,9 +88,13 @@ def test_check_passes_a_good_config(tmp_path, capsys) -> None:
     assert capsys.readouterr().out.strip().endswith(f"{path}: ok")
 
 
-@pytest.mark.parametrize("name", ["deploy/local.yaml", "tests/e2e/e2e.yaml", "tests/e2e/faults.yaml"])
-def test_the_shipped_cpu_configs_pass(name: str, capsys) -> None:
-    assert main(["serve", "--config", str(REPO / name), "--check"]) == 0, capsys.readouterr().err
+@pytest.mark.parametrize("name", [None, "tests/e2e/e2e.yaml", "tests/e2e/faults.yaml"])
+def test_the_shipped_cpu_configs_pass(name: str | None, tmp_path, monkeypatch, capsys) -> None:
+    """``None``: no --config, from a directory without deploy/: the packaged deploy/local.yaml."""
+    monkeypatch.chdir(tmp_path)
+    given = [] if name is None else ["--config", str(REPO / name)]
+    assert main(["serve", *given, "--check"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.strip().endswith(f"{REPO / (name or 'deploy/local.yaml')}: ok")
 
 
 def test_serve_stops_before_ray_on_a_bad_config(tmp_path) -> None:

@@ -1,4 +1,4 @@
-"""`ebplus theory` and `ebplus estimate`: JSON contracts and exit code 2 on bad input."""
+"""`ebplus sim theory` and `ebplus sim estimate`: JSON contracts and exit code 2 on bad input."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ebplus.controller import cli as controller_cli
 from ebplus.simulator import distributions as dist
 
 THEORY = [
-    "theory",
+    "sim", "theory",
     "--p0", "0.0039", "--eta", "1e-5",
     "--alpha-p", "1.2786e-3", "--alpha-d", "8.921e-3",
     "--beta-p", "2.4853e-5", "--beta-d", "4.586e-5",
@@ -77,7 +77,7 @@ def test_estimate_plain_integers(tmp_path: Path, capsys) -> None:
     rng = np.random.default_rng(0)
     path = tmp_path / "lengths.txt"
     path.write_text("\n".join(str(x) for x in dist.linear_hazard(rng, 0.004, 1e-5, 20_000)))
-    code, out, _ = run(["estimate", "--lengths", str(path), "--json"], capsys)
+    code, out, _ = run(["sim", "estimate", "--lengths", str(path), "--json"], capsys)
     data = json.loads(out)
     assert code == 0
     assert tuple(data) == ("p0", "eta", "mu_o", "mu_l", "theta0", "n_samples", "model", "gof", "method")
@@ -90,10 +90,10 @@ def test_estimate_jsonl_with_censoring(tmp_path: Path, capsys) -> None:
     path = tmp_path / "lengths.jsonl"
     rows = [{"input_len": 100 + i, "output_len": 1 + i % 50, "censored": i % 10 == 0} for i in range(200)]
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    code, out, _ = run(["estimate", "--lengths", str(path), "--json"], capsys)
+    code, out, _ = run(["sim", "estimate", "--lengths", str(path), "--json"], capsys)
     data = json.loads(out)
     assert code == 0 and data["mu_l"] == pytest.approx(np.mean([r["input_len"] for r in rows]))
-    code, out, _ = run(["estimate", "--lengths", str(path)], capsys)
+    code, out, _ = run(["sim", "estimate", "--lengths", str(path)], capsys)
     assert code == 0 and "censored" in out
 
 
@@ -112,12 +112,12 @@ def test_estimate_jsonl_with_censoring(tmp_path: Path, capsys) -> None:
 def test_estimate_bad_file_exit_2(tmp_path: Path, capsys, content: str, needle: str) -> None:
     path = tmp_path / "lengths.txt"
     path.write_text(content)
-    code, out, err = run(["estimate", "--lengths", str(path)], capsys)
+    code, out, err = run(["sim", "estimate", "--lengths", str(path)], capsys)
     assert code == 2 and out == "" and needle in err and err.count("\n") == 1
 
 
 def test_estimate_missing_file_exit_2(tmp_path: Path, capsys) -> None:
-    code, _, err = run(["estimate", "--lengths", str(tmp_path / "nope.txt")], capsys)
+    code, _, err = run(["sim", "estimate", "--lengths", str(tmp_path / "nope.txt")], capsys)
     assert code == 2 and "nope.txt" in err
 
 
@@ -130,4 +130,4 @@ def test_unknown_command_exit_2(capsys) -> None:
 def test_console_script_help() -> None:
     exe = Path(sys.executable).with_name("ebplus")
     proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0 and "theory" in proc.stdout and "estimate" in proc.stdout
+    assert proc.returncode == 0 and all(f"    {name} " in proc.stdout for name in ("serve", "shutdown", "sim", "bench"))

@@ -113,7 +113,7 @@ def test_uniform_expected_mean_matches_samples() -> None:
 
 
 def test_simulate_json_contract(capsys) -> None:
-    argv = ["simulate", "--profile", "h200", "--workload", "paper", "--policy", "eb+", "--concurrency", "64",
+    argv = ["sim", "run", "--profile", "h200", "--workload", "paper", "--policy", "eb+", "--concurrency", "64",
             "--requests", "300", "--json"]  # fmt: skip
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
@@ -127,7 +127,7 @@ def test_simulate_json_contract(capsys) -> None:
 
 
 def test_simulate_text_output(capsys) -> None:
-    argv = ["simulate", "--profile", "rtx-pro-6000", "--workload", "concurrency-shift", "--policy", "eb",
+    argv = ["sim", "run", "--profile", "rtx-pro-6000", "--workload", "concurrency-shift", "--policy", "eb",
             "--k", "8", "--requests", "50"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -143,7 +143,7 @@ def test_simulate_text_output(capsys) -> None:
     ],
 )
 def test_simulate_bad_input_exit_2(capsys, extra: list[str], needle: str) -> None:
-    argv = ["simulate", "--profile", "h200", "--workload", "paper", "--requests", "10", *extra]
+    argv = ["sim", "run", "--profile", "h200", "--workload", "paper", "--requests", "10", *extra]
     code = main(argv)
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1 and needle in err

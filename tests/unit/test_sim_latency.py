@@ -103,7 +103,7 @@ def test_preempted_request_gap_spans_its_recompute() -> None:
 
 
 def test_simulate_json_has_latency_keys(capsys) -> None:
-    argv = ["simulate", "--profile", "h200", "--workload", "paper", "--policy", "mb", "--rate", "20",
+    argv = ["sim", "run", "--profile", "h200", "--workload", "paper", "--policy", "mb", "--rate", "20",
             "--burst-cv", "3", "--requests", "200", "--slo-ttft", "0.5", "--slo-itl", "0.2", "--json"]  # fmt: skip
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
@@ -114,7 +114,7 @@ def test_simulate_json_has_latency_keys(capsys) -> None:
 
 
 def test_latency_flags_bad_input(capsys) -> None:
-    base = ["simulate", "--profile", "h200", "--workload", "paper", "--policy", "mb", "--requests", "10"]
+    base = ["sim", "run", "--profile", "h200", "--workload", "paper", "--policy", "mb", "--requests", "10"]
     assert main([*base, "--burst-cv", "3"]) == 2
     assert "--burst-cv needs --rate" in capsys.readouterr().err
     for flag in ("--burst-cv", "--slo-ttft", "--slo-itl", "--slo-tpot"):  # argparse rejects them before any run
