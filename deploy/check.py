@@ -21,7 +21,6 @@ with a line naming the field rather than minutes later inside Ray with a traceba
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import importlib.metadata
 import logging
@@ -40,6 +39,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ebplus.deploy import sources
 from ebplus.deploy.config import ServeConfig
+from ebplus.keys import did_you_mean
 
 #: Engine arguments ``engine.extra`` must not carry: EB+ Serve sets them (from other keys).
 RESERVED = {
@@ -153,17 +153,12 @@ def check_engine(cfg: ServeConfig, fields: dict[str, dataclasses.Field] | None) 
         elif key in RESERVED:
             findings.append(Finding(where, f"{RESERVED[key]}; remove it from engine.extra"))
         elif key not in fields:
-            findings.append(Finding(where, f"not a vLLM engine argument{_did_you_mean(key, fields)}"))
+            findings.append(Finding(where, f"not a vLLM engine argument{did_you_mean(key, fields)}"))
         else:
             problem = _type_problem(fields[key].type, value)
             if problem is not None:
                 findings.append(Finding(where, problem))
     return findings
-
-
-def _did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _scalar_type(tp: Any) -> bool:
@@ -187,7 +182,7 @@ def _type_problem(tp: Any, value: Any) -> str | None:
     except ValidationError:
         literals = sorted({str(a) for a in _literals(tp)})
         if literals and isinstance(value, str):
-            return f"{value!r} is not one of vLLM's values ({', '.join(literals)}){_did_you_mean(value, literals)}"
+            return f"{value!r} is not one of vLLM's values ({', '.join(literals)}){did_you_mean(value, literals)}"
         return f"{value!r} is not of type {_type_name(tp)}"
     return None
 
@@ -323,7 +318,10 @@ def report(cfg: ServeConfig, config_path: Path | str, check_only: bool) -> int |
     Errors go to stderr, one line each naming the file and the field (exit code 2);
     notes to stdout. With ``check_only`` a clean config prints ``FILE: ok`` (exit 0).
     """
-    findings = check_config(cfg)
+    # each model of the deployment, its fields spelled as the file spells them
+    findings = [
+        dataclasses.replace(finding, field=model.where(finding.field)) for model in cfg.models() for finding in check_config(model)
+    ]
     errors = [f for f in findings if f.error]
     for finding in findings:
         if not finding.error:

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "deploy": "ebplus.deploy.cli",
     "build-model": "ebplus.deploy.cli",
     "status": "ebplus.deploy.status",
+    "config": "ebplus.deploy.config_cli",
 }
 
 HELP: dict[str, str] = {
@@ -43,6 +44,7 @@ HELP: dict[str, str] = {
     "deploy": "deploy or update the application on a running Ray cluster, then return",
     "build-model": "build a bundled model directory (SmolLM2 or the tiny test model)",
     "status": "show a running deployment's thresholds and estimates",
+    "config": "convert a deployment config between EB+'s form and Ray Serve LLM's (llm_configs)",
 }
 
 
