@@ -53,7 +53,7 @@ def test_the_example_maps_onto_one_config_per_model() -> None:
     assert tiny.engine.cpu_kv_cache_gib == 1 and tiny.replicas.accelerator == "cpu"
     assert tiny.replicas.deployment_options()["max_ongoing_requests"] == 32
     assert tiny.replicas.num_cpus == 0 and tiny.replicas.profile == "cpu-smollm2"
-    assert tiny.http.host == "127.0.0.1" and tiny.http.proxy_location == "HeadOnly" and smol.ray.num_cpus == 2
+    assert tiny.http.host == "127.0.0.1" and tiny.http.proxy_location == "HeadOnly" and smol.ray.num_cpus == 3
     assert tiny.controller == smol.controller and tiny.controller.update_every == 100
 
 
