@@ -13,6 +13,7 @@ ingress.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
         "model_loading_config": {"model_id": cfg.model.id, "model_source": model_source},
         "engine_kwargs": engine_kwargs(cfg),
         "deployment_config": rep.deployment_options(),
-        "runtime_env": {"env_vars": engine_env(cfg)},
+        "runtime_env": {**rep.runtime_env, "env_vars": {**rep.runtime_env.get("env_vars", {}), **engine_env(cfg)}},
         "log_engine_metrics": True,
     }
     if rep.accelerator == "cpu":
@@ -93,6 +94,8 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
         kwargs["experimental_configs"] = {"stream_batching_interval_ms": 0}
     elif rep.accelerator_type is not None:
         kwargs["accelerator_type"] = rep.accelerator_type
+    if rep.placement_group_config is not None:
+        kwargs["placement_group_config"] = rep.placement_group_config
     return LLMConfig(**kwargs)
 
 
@@ -103,8 +106,15 @@ def start_controller_for(cfg: ServeConfig):
     return ensure_controller(cfg.controller)
 
 
-def build(cfg: ServeConfig, model_source: str | None = None):
-    """The Serve application for a validated config."""
+def model_paths(cfg: ServeConfig, build: bool = False) -> dict[str, str]:
+    """:func:`model_path` of every model of the deployment, by model id."""
+    return {model.model.id: model_path(model, build) for model in cfg.models()}
+
+
+def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
+    """The Serve application for a validated config: one replica deployment per model, each replica
+    with its EB+ scheduler, all behind one OpenAI ingress (routed by the request's ``model``) and
+    reporting to the one controller (``cfg``'s ``controller:`` section)."""
     from ray import serve
     from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
     from ray.serve.llm import build_llm_deployment
@@ -116,29 +126,37 @@ def build(cfg: ServeConfig, model_source: str | None = None):
     # ray.serve.llm.build_openai_app calls it internally but cannot bind our replica settings or ingress.
 
     start_controller_for(cfg)
-    llm = llm_config(cfg, model_source or model_path(cfg))
-    replicas = build_llm_deployment(
-        llm, deployment_cls=EBPlusServer, bind_kwargs={"replicas": cfg.replicas, "mode": cfg.scheduler.mode}
-    )
+    models = cfg.models()
+    sources = dict(model_sources or {})
+    llms = {m.model.id: llm_config(m, sources.get(m.model.id) or model_path(m)) for m in models}
+    replicas = {
+        m.model.id: build_llm_deployment(
+            llms[m.model.id], deployment_cls=EBPlusServer, bind_kwargs={"replicas": m.replicas, "mode": m.scheduler.mode}
+        )
+        for m in models
+    }
     auth = cfg.auth
-    options = EBPlusIngress.get_deployment_options([llm])
+    # the ingress parses every model's requests: the largest model's fan-out limits (each replica has its own)
+    limits = max((request_limits(m) for m in models), key=lambda env: int(env["VLLM_MAX_N_SEQUENCES"]))
+    options = EBPlusIngress.get_deployment_options(list(llms.values()))
     options.update(
         name="EBPlusIngress",
         num_replicas=cfg.http.ingress_replicas,
         ray_actor_options={
             "num_cpus": cfg.http.ingress_num_cpus,
             "resources": dict(cfg.http.ingress_resources),
-            "runtime_env": {"env_vars": request_limits(cfg)},
+            "runtime_env": {"env_vars": limits},
         },
     )
     options.pop("autoscaling_config", None)
     ingress = serve.deployment(ingress_class(cfg.http.max_body_bytes, auth), **options)
     return ingress.bind(
-        llm_deployments={cfg.model.id: replicas},
-        model_cards={cfg.model.id: to_model_metadata(cfg.model.id, llm)},
+        llm_deployments=replicas,
+        model_cards={model_id: to_model_metadata(model_id, llm) for model_id, llm in llms.items()},
         auth=auth,
         model_id=cfg.model.id,
-        stall_timeout_s=cfg.replicas.stall_timeout_s,
+        # a replica heartbeats every fifth of its own stall_timeout_s: the longest one is safe for all
+        stall_timeout_s=max(m.replicas.stall_timeout_s for m in models),
     )
 
 

@@ -13,7 +13,7 @@ with a line naming the field rather than minutes later inside Ray with a traceba
   does not override what the config or EB+ sets; ``max_model_len`` fits the model;
 * device fit, where this machine is the cluster (no ``ray.address``): the installed
   vLLM build matches ``replicas.accelerator``, the GPUs the replicas need exist, the
-  CPU KV cache fits in memory.
+  CPU KV cache fits in memory, and the Ray CPUs every model reserves fit ``ray.num_cpus``.
 
 ``ebplus serve`` runs the same checks before it starts Ray; ``--check`` stops there.
 """
@@ -21,7 +21,6 @@ with a line naming the field rather than minutes later inside Ray with a traceba
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import importlib.metadata
 import logging
@@ -40,6 +39,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ebplus.deploy import sources
 from ebplus.deploy.config import ServeConfig
+from ebplus.keys import did_you_mean
 
 #: Engine arguments ``engine.extra`` must not carry: EB+ Serve sets them (from other keys).
 RESERVED = {
@@ -153,17 +153,12 @@ def check_engine(cfg: ServeConfig, fields: dict[str, dataclasses.Field] | None) 
         elif key in RESERVED:
             findings.append(Finding(where, f"{RESERVED[key]}; remove it from engine.extra"))
         elif key not in fields:
-            findings.append(Finding(where, f"not a vLLM engine argument{_did_you_mean(key, fields)}"))
+            findings.append(Finding(where, f"not a vLLM engine argument{did_you_mean(key, fields)}"))
         else:
             problem = _type_problem(fields[key].type, value)
             if problem is not None:
                 findings.append(Finding(where, problem))
     return findings
-
-
-def _did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _scalar_type(tp: Any) -> bool:
@@ -187,7 +182,7 @@ def _type_problem(tp: Any, value: Any) -> str | None:
     except ValidationError:
         literals = sorted({str(a) for a in _literals(tp)})
         if literals and isinstance(value, str):
-            return f"{value!r} is not one of vLLM's values ({', '.join(literals)}){_did_you_mean(value, literals)}"
+            return f"{value!r} is not one of vLLM's values ({', '.join(literals)}){did_you_mean(value, literals)}"
         return f"{value!r} is not of type {_type_name(tp)}"
     return None
 
@@ -314,6 +309,36 @@ def _parallel_size(cfg: ServeConfig) -> int:
     return size
 
 
+def check_ray_cpus(cfg: ServeConfig) -> list[Finding]:
+    """Whether the Ray that ``ebplus serve`` starts (``ray.num_cpus``) holds every CPU the deployment reserves.
+
+    Ray counts CPUs as resources, not cores: each CPU engine worker holds one (Ray Serve LLM's
+    placement group bundle, unless ``replicas.placement_group_config`` says otherwise), each
+    replica actor ``replicas.num_cpus`` and each ingress replica ``http.ingress_num_cpus``. What
+    does not fit never starts, and Serve waits for it without an error.
+    """
+    if cfg.ray.address is not None or cfg.ray.num_cpus is None:
+        return []
+    parts = [cfg.http.ingress_num_cpus * cfg.http.ingress_replicas]
+    for model in cfg.models():
+        rep = model.replicas
+        count = rep.num_replicas if rep.autoscaling is None else (rep.autoscaling.initial_replicas or rep.autoscaling.min_replicas)
+        bundles = (rep.placement_group_config or {}).get("bundles")
+        if bundles is not None:
+            engine = sum(float(b.get("CPU", 0)) for b in bundles if isinstance(b, dict))
+        else:
+            engine = _parallel_size(model) if rep.accelerator == "cpu" else 0.0
+        parts.append(count * (engine + rep.num_cpus))
+    need = sum(parts)
+    if need <= cfg.ray.num_cpus:
+        return []
+    message = (
+        f"{cfg.ray.num_cpus} CPUs for Ray, but the deployment reserves {need:g} (engines, replica actors and the "
+        f"ingress): what does not fit never starts; raise ray.num_cpus (Ray's CPUs need not be cores)"
+    )
+    return [Finding(cfg.where("ray.num_cpus"), message)]
+
+
 # --------------------------------------------------------------------------- the CLI's use
 
 
@@ -323,7 +348,11 @@ def report(cfg: ServeConfig, config_path: Path | str, check_only: bool) -> int |
     Errors go to stderr, one line each naming the file and the field (exit code 2);
     notes to stdout. With ``check_only`` a clean config prints ``FILE: ok`` (exit 0).
     """
-    findings = check_config(cfg)
+    # each model of the deployment, its fields spelled as the file spells them
+    findings = [
+        dataclasses.replace(finding, field=model.where(finding.field)) for model in cfg.models() for finding in check_config(model)
+    ]
+    findings += check_ray_cpus(cfg)
     errors = [f for f in findings if f.error]
     for finding in findings:
         if not finding.error:

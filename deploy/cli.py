@@ -184,15 +184,21 @@ def _with_overrides(cfg: ServeConfig, args: argparse.Namespace) -> ServeConfig:
     return with_overrides(cfg, overrides)
 
 
+def _replicas(cfg: ServeConfig) -> str:
+    auto = cfg.replicas.autoscaling
+    return f"{cfg.replicas.num_replicas} replica(s)" if auto is None else f"{auto.min_replicas}-{auto.max_replicas} replicas (autoscaling)"
+
+
 def banner(cfg: ServeConfig, ray_address: str | None = None) -> str:
     host = "127.0.0.1" if cfg.http.host in ("0.0.0.0", "::") else cfg.http.host
+    models = ", ".join(f"model {m.model.id!r}, {_replicas(m)}, mode {m.scheduler.mode.value}" for m in cfg.models())
     base = f"http://{host}:{cfg.http.port}"
     # NOTE: the exact GCS address, so a driver (tests, an operator's shell) attaches to
     # this cluster rather than to whichever Ray started last on the machine ("auto").
     cluster = [] if ray_address is None else [f"  Ray cluster  {ray_address}   (ray.init(address=...), namespace {cfg.ray.namespace!r})"]
     return "\n".join(
         [
-            f"EB+ Serve is up: model {cfg.model.id!r}, {cfg.replicas.num_replicas} replica(s), mode {cfg.scheduler.mode.value}",
+            f"EB+ Serve is up: {models}",
             f"  OpenAI API   {base}/v1",
             f"  admin        {base}/admin/thresholds   (mutations need Authorization: Bearer ${cfg.auth.admin_token_env})",
             f"  metrics      {base}/metrics",
@@ -245,7 +251,12 @@ def say(message: str) -> None:
 
 
 def deploy_app(
-    cfg: ServeConfig, model_source: str, session_dir: Path, timeout_s: float, tag: str, cancelled: Callable[[], bool]
+    cfg: ServeConfig,
+    model_sources: dict[str, str],
+    session_dir: Path,
+    timeout_s: float,
+    tag: str,
+    cancelled: Callable[[], bool],
 ) -> float:
     """Deploy the application (a new one, or an in-place update of the running one) and wait until it
     runs; returns the seconds it took (an expected failure is a :class:`CommandError` naming the logs)."""
@@ -259,16 +270,12 @@ def deploy_app(
 
     serve.start(proxy_location=cfg.http.proxy_location, http_options={"host": cfg.http.host, "port": cfg.http.port})
     limit = f"limit {timeout_s:.0f} s, --deploy-timeout" if timeout_s else "no time limit"
-    replicas = (
-        f"{cfg.replicas.num_replicas} replica(s)"
-        if cfg.replicas.autoscaling is None
-        else f"{cfg.replicas.autoscaling.min_replicas}-{cfg.replicas.autoscaling.max_replicas} replicas (autoscaling)"
-    )
+    replicas = ", ".join(f"{_replicas(m)} of {m.model.id!r}" for m in cfg.models())
     log(
-        f"deploying {replicas} of {cfg.model.id!r}: the engine start takes a minute "
+        f"deploying {replicas}: the engine start takes a minute "
         f"or more on CPU, longer for a large model ({limit})"
     )
-    app = serve.RunTarget(build(cfg, model_source=model_source), name=APP_NAME, route_prefix="/")
+    app = serve.RunTarget(build(cfg, model_sources=model_sources), name=APP_NAME, route_prefix="/")
     serve.run_many([app], wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
     try:
         return wait_until_running(serve.status, APP_NAME, timeout_s, session_dir, log, cancelled=cancelled)
@@ -308,9 +315,9 @@ def run_deploy(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from ebplus.deploy.app import APP_NAME, model_path
+    from ebplus.deploy.app import APP_NAME, model_paths
 
-    source = None if args.delete else model_path(cfg, build=True)
+    source = None if args.delete else model_paths(cfg, build=True)
     session_dir = start_ray(cfg.ray)
     try:
         if args.delete:
@@ -396,10 +403,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from ebplus.deploy.app import APP_NAME, model_path
 
-    cache = Path(cfg.model.cache_dir).expanduser().resolve()  # relative: to the working directory
-    say(f"model {cfg.model.source}" + (f" (built in {cache})" if cfg.model.source.startswith("builtin:") else "") + " ...")
-    with building(f"model.source {cfg.model.source}"):
-        source = model_path(cfg, build=True)
+    source = {}
+    for model in cfg.models():
+        cache = Path(model.model.cache_dir).expanduser().resolve()  # relative: to the working directory
+        built = f" (built in {cache})" if model.model.source.startswith("builtin:") else ""
+        say(f"model {model.model.source}{built} ...")
+        with building(f"{model.where('model.source')} {model.model.source}"):
+            source[model.model.id] = model_path(model, build=True)
 
     import ray
     from ray import serve

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from ebplus import keys
 from ebplus.controller.config import ControllerConfig, CustomResources
 from ebplus.controller.cost_model import ProfileError, resolve_profile
 from ebplus.deploy import sources
@@ -94,8 +95,18 @@ class RaySection(_Section):
     metrics_export_port: int = Field(8080, ge=1, le=65535, description="Ray's metrics agent port (ray_* metrics).")
 
 
+#: The sections every model of one deployment shares (one controller, one HTTP ingress, one Ray cluster).
+SHARED_SECTIONS = ("controller", "auth", "http", "ray")
+
+
 class ServeConfig(_Section):
-    """A whole deployment: ``deploy/local.yaml`` and ``deploy/gpu.yaml`` are examples."""
+    """A whole deployment of one model: ``deploy/local.yaml`` and ``deploy/gpu.yaml`` are examples.
+
+    A file in Ray Serve LLM's form (``llm_configs:``, :mod:`ebplus.deploy.llm_configs`) may
+    hold several models: it is read as one ``ServeConfig`` per model, all with the same
+    :data:`SHARED_SECTIONS`. The one :func:`load_config` returns is the first model's, and
+    :meth:`models` gives them all.
+    """
 
     model: ModelSection = Field(default_factory=ModelSection)
     engine: EngineSection = Field(default_factory=EngineSection)
@@ -105,6 +116,21 @@ class ServeConfig(_Section):
     auth: AuthSection = Field(default_factory=AuthSection)
     http: HttpSection = Field(default_factory=HttpSection)
     ray: RaySection = Field(default_factory=RaySection)
+
+    # NOTE: derived by the loader, not keys of the file: the other models of an llm_configs file,
+    # and how this model's fields are spelled there (None: this schema's own form).
+    _more: tuple[ServeConfig, ...] = PrivateAttr(default=())
+    _origin: Any = PrivateAttr(default=None)
+
+    def models(self) -> tuple[ServeConfig, ...]:
+        """Every model of the deployment, this one first, each with this one's shared sections
+        (so a command-line override of ``http`` or ``ray`` applies to all)."""
+        shared = {name: getattr(self, name) for name in SHARED_SECTIONS}
+        return (self, *(model.model_copy(update=shared) for model in self._more))
+
+    def where(self, field: str) -> str:
+        """How the config file spells ``field`` (``engine.max_num_seqs``: ``llm_configs[0].engine_kwargs.max_num_seqs``)."""
+        return field if self._origin is None else self._origin.where(tuple(field.split(".")))
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ServeConfig:
@@ -125,36 +151,85 @@ class ConfigError(ValueError):
     """An unusable configuration; the message names the file and the field path."""
 
 
-def parse_config(data: Any, source: str = "<config>") -> ServeConfig:
-    """Validate a mapping (a parsed YAML file, or Ray Serve app ``args``)."""
+def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> ServeConfig:
+    """Validate a mapping (a parsed YAML file, or Ray Serve app ``args``) in either form.
+
+    ``base_dir`` resolves ``llm_configs`` entries that name a file (default: the working dir).
+    """
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the configuration must be a mapping, got {type(data).__name__}")
+    from ebplus.deploy import llm_configs  # it builds on this module
+
+    if llm_configs.is_llm_form(data):
+        return llm_configs.parse(data, source, base_dir or Path.cwd())
+    return validate(data, source)
+
+
+def validate(data: dict, source: str, origin: Any = None) -> ServeConfig:
+    """``ServeConfig.model_validate`` with one line per problem, each naming the file and the field
+    as the file spells it (``origin`` translates the llm_configs form's spelling)."""
     try:
-        return ServeConfig.model_validate(data)
+        cfg = ServeConfig.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            path = ".".join(str(p) for p in err["loc"])
+        raise ConfigError("\n".join(_problems(exc, source, origin))) from None
+    cfg._origin = origin
+    return cfg
+
+
+def _problems(exc: ValidationError, source: str, origin: Any) -> list[str]:
+    name = ".".join if origin is None else origin.where
+    lines = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            home = "engine.extra (or engine_kwargs in the llm_configs form)" if origin is None else origin.anywhere(("engine",))
+            belongs = ".".join if origin is None else origin.anywhere
+            msg = keys.unknown_key(ServeConfig, loc, engine_args=vllm_arg_names(), engine_home=home, name=belongs)
+        else:
             msg = err["msg"].removeprefix("Value error, ")
-            # a cross-field check has no location of its own; its message names the fields
-            lines.append(f"{source}: {path}: {msg}" if path else f"{source}: {msg}")
-        raise ConfigError("\n".join(lines)) from None
+        if origin is not None:
+            msg = origin.rename(msg)
+        # a cross-field check has no location of its own; its message names the fields
+        lines.append(f"{source}: {name(loc)}: {msg}" if loc else f"{source}: {msg}")
+    return lines
+
+
+def vllm_arg_names() -> frozenset[str]:
+    """vLLM's engine argument names (empty when vLLM is not installed): imported only when a config
+    has an unknown key, to say whether it is one of vLLM's."""
+    from ebplus.deploy.check import engine_fields  # imports vLLM
+
+    return frozenset(engine_fields() or ())
 
 
 def load_config(path: str | os.PathLike[str]) -> ServeConfig:
-    """Read and validate a YAML config file."""
+    """Read and validate a YAML config file (either form)."""
     path = Path(path)
+    return parse_config(read_yaml(path), str(path), path.parent)
+
+
+def read_yaml(path: Path) -> Any:
+    """The parsed YAML of ``path``; a syntax error is one line: ``FILE:LINE:COLUMN: not valid YAML: ...``."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_config(data, str(path))
+        raise ConfigError(f"{path}{_yaml_problem(exc)}") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and cmark is not None:
+        context = f"{context} at {cmark.line + 1}:{cmark.column + 1}"
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def json_schema() -> dict:

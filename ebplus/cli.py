@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "status": "ebplus.deploy.status",
     "shutdown": "ebplus.deploy.cli",
     "build-model": "ebplus.deploy.cli",
+    "config migrate": "ebplus.deploy.config_cli",
     "sim run": "ebplus.simulator.cli",
     "sim theory": "ebplus.controller.cli",
     "sim estimate": "ebplus.controller.cli",
@@ -48,6 +49,8 @@ HELP: dict[str, str] = {
     "status": "show a running deployment's thresholds and estimates",
     "shutdown": "remove the EB+ application and controller from a Ray cluster (`serve shutdown`)",
     "build-model": "build a bundled model directory (SmolLM2 or the tiny test model)",
+    "config": "deployment config files: convert between EB+'s form and Ray Serve LLM's (llm_configs)",
+    "config migrate": "print a config in Ray Serve LLM's form (llm_configs plus an ebplus: section)",
     "sim": "offline what-ifs, no engine or cluster: the simulator, the closed forms, the estimator",
     "sim run": "simulate one policy on a hardware profile and workload",
     "sim theory": "evaluate the closed forms (theta0, k*, N*, TP_EB, TP_MB, crossover)",
@@ -69,7 +72,7 @@ RENAMED: dict[str, str] = {
 
 EPILOG = (
     "Operations: serve, deploy, status, shutdown (and build-model); they reach the Ray cluster at --address, "
-    "else the config's ray.address, else $RAY_ADDRESS. Tools: sim, bench, profile. "
+    "else the config's ray.address, else $RAY_ADDRESS. Config files: config migrate. Tools: sim, bench, profile. "
     "`ebplus COMMAND --help` explains each; `ebplus sim --help` lists a group."
 )
 

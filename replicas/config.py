@@ -16,6 +16,13 @@ from ebplus.controller.config import CustomResources
 from ebplus.controller.messages import Mode, ThresholdUpdate
 from ebplus.replicas.sampling import Sampling
 
+#: The replica variables EB+ Serve sets itself, by the key they come from.
+RUNTIME_ENV_SET_BY = {
+    "VLLM_CPU_KVCACHE_SPACE": "engine.cpu_kv_cache_gib",
+    "VLLM_MAX_N_SEQUENCES": "engine.max_num_seqs",
+    "VLLM_MAX_COMPLETION_PROMPTS": "engine.max_num_seqs",
+}
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -216,6 +223,32 @@ class ReplicaSection(_Section):
         default_factory=TelemetrySamplingSection,
         description="Send a share of the telemetry (1: all): for fleets whose telemetry one controller cannot take.",
     )
+
+    runtime_env: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Ray runtime environment of each replica (Ray Serve LLM's runtime_env: env_vars, pip, working_dir...); "
+            "EB+ Serve adds vLLM's start-up variables to its env_vars."
+        ),
+    )
+    placement_group_config: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "Ray Serve LLM's placement_group_config: the resource bundles and strategy of a replica's engine "
+            "workers (None: Ray's, one bundle per tensor x pipeline parallel worker)."
+        ),
+    )
+
+    @field_validator("runtime_env")
+    @classmethod
+    def _env_vars(cls, value: dict[str, Any]) -> dict[str, Any]:
+        env = value.get("env_vars", {})
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("env_vars must map names to strings (quote numbers: \"1\")")
+        for name, key in RUNTIME_ENV_SET_BY.items():
+            if name in env:
+                raise ValueError(f"env_vars.{name} is set by EB+ Serve from {key}; set that instead")
+        return value
 
     @model_validator(mode="after")
     def _fixed_or_autoscaled(self) -> ReplicaSection:

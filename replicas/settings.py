@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ebplus import keys
 from ebplus.controller.config import ControllerConfig
 from ebplus.replicas.config import SchedulerSection
 
@@ -125,4 +126,7 @@ def read(model: type[S], additional: Any = None, env: Mapping[str, str] | None =
             where = f"{ENV[loc[1]]}={env.get(ENV[loc[1]])!r}"
         else:
             where = f"additional_config.{ADDITIONAL_CONFIG_KEY}." + ".".join(loc)
-        raise SettingsError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+        msg = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = keys.unknown_key(model, loc)
+        raise SettingsError(f"{where}: {msg}") from None

@@ -49,7 +49,7 @@ def test_help_lists_the_operations_then_the_tool_groups(capsys) -> None:
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
     listed = [line.split()[0] for line in out.splitlines() if line.startswith("    ") and not line.startswith("     ")]
-    assert listed == ["serve", "deploy", "status", "shutdown", "build-model", "sim", "bench", "profile"]
+    assert listed == ["serve", "deploy", "status", "shutdown", "build-model", "config", "sim", "bench", "profile"]
 
 
 def test_every_command_and_option_explains_itself() -> None:

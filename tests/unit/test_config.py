@@ -7,9 +7,17 @@ from pathlib import Path
 import pytest
 
 from ebplus.controller.messages import Mode
+from ebplus.deploy import config
 from ebplus.deploy.config import ConfigError, ServeConfig, json_schema, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
+#: A few of vLLM's engine argument names, so that unknown-key messages are tested without importing vLLM.
+VLLM_ARGS = frozenset({"tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs", "seed", "dtype"})
+
+
+@pytest.fixture(autouse=True)
+def vllm_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(config, "vllm_arg_names", lambda: VLLM_ARGS)
 
 
 @pytest.mark.parametrize("name", ["local.yaml", "gpu.yaml"])
@@ -33,7 +41,7 @@ def test_local_is_the_cpu_default() -> None:
         ({"controller": {"planner": {"eps": 0}}}, "controller.planner.eps"),
         ({"controller": {"window": "big"}}, "controller.window"),
         ({"http": {"port": 70000}}, "http.port"),
-        ({"replicas": {"numreplicas": 2}}, "replicas.numreplicas: Extra inputs are not permitted"),
+        ({"replicas": {"numreplicas": 2}}, "replicas.numreplicas: unknown key (did you mean num_replicas?)"),
         ({"scheduler": {"n": 500}}, "scheduler.n (500) must be <= engine.max_num_seqs (256)"),
         ({"scheduler": {"k": 300}}, "scheduler.k (300) must be <= n (256)"),
         ({"replicas": {"accelerator": "cpu"}}, "engine.cpu_kv_cache_gib is required"),
@@ -60,9 +68,14 @@ def test_load_config_file_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("model: [unclosed\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    bad.write_text("model:\n  id: x\n source: y\n")
+    with pytest.raises(ConfigError) as err:
         load_config(bad)
+    assert str(err.value) == f"{bad}:3:2: not valid YAML: expected <block end>, but found '<block mapping start>' (while parsing a block mapping at 1:1)"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:2:1: not valid YAML: expected ',' or '\]'") as err:
+        load_config(bad)
+    assert "\n" not in str(err.value) and "<unicode string>" not in str(err.value)
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(bad)
@@ -104,3 +117,43 @@ def test_telemetry_sampling_reaches_the_pump_as_a_sampling() -> None:
     assert load_config(ROOT / "deploy" / "local.yaml").replicas.telemetry_sampling.sampling() == ALL
     cfg = parse_config({"replicas": {"telemetry_sampling": {"requests": 0.25}}}, "x.yaml")
     assert cfg.replicas.telemetry_sampling.sampling() == Sampling(requests=0.25, steps=1.0)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (
+            {"engine": {"tensor_parallel_size": 2}},
+            "engine.tensor_parallel_size: not an EB+ engine key; vLLM engine arguments go in engine.extra "
+            "(or engine_kwargs in the llm_configs form)",
+        ),
+        ({"engine": {"max_num_seq": 8}}, "engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
+        (
+            {"engine": {"tensor_paralel_size": 2}},
+            "engine.tensor_paralel_size: not an EB+ engine key nor a vLLM engine argument "
+            "(did you mean engine.extra.tensor_parallel_size?)",
+        ),
+        ({"controller": {"windw": 300}}, "controller.windw: unknown key (did you mean window?)"),
+        ({"controller": {"planner": {"thetamin": 0}}}, "controller.planner.thetamin: unknown key (did you mean theta_min?)"),
+        ({"scheduler": {"profile": "h200"}}, "scheduler.profile: not an EB+ scheduler key; it belongs in replicas.profile"),
+        (
+            {"replicas": {"pipeline_parallel_size": 2}},
+            "replicas.pipeline_parallel_size: not an EB+ replicas key; vLLM engine arguments go in engine.extra "
+            "(or engine_kwargs in the llm_configs form)",
+        ),
+        ({"schedular": {}}, "schedular: unknown key (did you mean scheduler?)"),
+        ({"replicas": {"telemetry_sampling": {"step": 1}}}, "replicas.telemetry_sampling.step: unknown key (did you mean steps?)"),
+        ({"auth": {"zzz": 1}}, "auth.zzz: unknown key; auth has admin_token_env, admin_token_file, api_key_env, api_key_file"),
+    ],
+)
+def test_unknown_keys_say_where_they_belong(data: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "x.yaml")
+    assert str(err.value) == f"x.yaml: {expected}"
+
+
+def test_runtime_env_may_not_set_what_eb_sets() -> None:
+    with pytest.raises(ConfigError, match=r"replicas.runtime_env: env_vars.VLLM_MAX_N_SEQUENCES is set by EB\+ Serve from engine.max_num_seqs"):
+        parse_config({"replicas": {"runtime_env": {"env_vars": {"VLLM_MAX_N_SEQUENCES": "4"}}}})
+    with pytest.raises(ConfigError, match="must map names to strings"):
+        parse_config({"replicas": {"runtime_env": {"env_vars": {"X": 1}}}})

@@ -62,7 +62,8 @@ def test_additional_config_carries_every_section() -> None:
 @pytest.mark.parametrize(
     ("ours", "where"),
     [
-        ({"schedular": {}}, "additional_config.ebplus.schedular: Extra inputs are not permitted"),
+        ({"schedular": {}}, "additional_config.ebplus.schedular: unknown key (did you mean scheduler?)"),
+        ({"controller": {"windw": 3}}, "additional_config.ebplus.controller.windw: unknown key (did you mean window?)"),
         ({"scheduler": {"mode": "turbo"}}, "additional_config.ebplus.scheduler.mode"),
         ({"controller": {"windw": 3}}, "additional_config.ebplus.controller.windw"),
         ({"auth": {"admin_token": "inline"}}, "additional_config.ebplus.auth.admin_token"),
