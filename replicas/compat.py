@@ -31,11 +31,24 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from typing import Any
 
 #: The oldest and newest vLLM release series the scheduler is tested against (any patch
 #: release of each). The Ray Serve path is held at the oldest by ray[llm]==2.60.0.
 SUPPORTED_RANGE = ((0, 29), (0, 32))
+
+
+def __getattr__(name: str) -> Any:
+    """``SUPPORTED_SERIES`` (one series) reads as the range's oldest for one release, with a warning."""
+    if name == "SUPPORTED_SERIES":
+        warnings.warn(
+            "ebplus.replicas.compat.SUPPORTED_SERIES is deprecated: use SUPPORTED_RANGE (oldest, newest)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return SUPPORTED_RANGE[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class VllmVersionError(RuntimeError):

@@ -126,6 +126,11 @@ def test_each_release_has_its_scheduler_layout(version: str, cap: str, skipped: 
         compat.scheduler_layout("0.33.0")
 
 
+def test_the_old_single_series_name_warns_and_reads_the_oldest() -> None:
+    with pytest.warns(DeprecationWarning, match="SUPPORTED_SERIES is deprecated: use SUPPORTED_RANGE"):
+        assert compat.SUPPORTED_SERIES == (0, 29)
+
+
 def test_the_pinned_release_is_the_oldest_supported() -> None:
     """pyproject pins the release ray[llm]==2.60.0 requires, the bottom of the range."""
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
