@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ebplus-installed
 CONFIG ?= deploy/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit lint docs serve models bench-sim bench-controller gpu-probe clean
+.PHONY: install test test-unit test-vllm lint docs serve models bench-sim bench-controller gpu-probe clean
 
 install: $(STAMP)
 
@@ -34,6 +34,22 @@ docs: install
 # fast tier only: pure logic and the simulator (seconds)
 test-unit: install
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+# Another vLLM release (the plain-vLLM plugin path supports 0.29-0.32, replicas/compat.py):
+# its own virtualenv .venv-vllmXYY made by deploy/install.sh with VLLM_VERSION, then the
+# scheduler unit tests, the plugin's unit tests, the engine tier and plain `vllm serve`
+# with the plugin, in that venv. `make test-vllm VLLM=0.32.0`; PYTEST_ARGS as for `test`.
+VLLM ?= 0.32.0
+VLLM_VENV ?= .venv-vllm$(word 1,$(subst ., ,$(VLLM)))$(word 2,$(subst ., ,$(VLLM)))
+VLLM_TESTS ?= tests/unit/test_scheduler_core.py tests/unit/test_vllm_plugin.py tests/engine tests/e2e/test_plain_vllm.py
+
+$(VLLM_VENV)/.ebplus-installed-$(VLLM): pyproject.toml deploy/install.sh
+	VLLM_VERSION=$(VLLM) bash deploy/install.sh "$(VLLM_VENV)"
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.ebplus-installed-$(VLLM)
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
+	$(VLLM_VENV)/bin/python -m pytest $(VLLM_TESTS) $(PYTEST_ARGS)
 
 serve: install
 	$(VENV)/bin/ebplus serve --config $(CONFIG)

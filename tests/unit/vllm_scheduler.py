@@ -10,9 +10,11 @@ machine costs vLLM's one-off inspection of the architecture in a subprocess, cac
 
 Everything that depends on the vLLM release lives here (the config and constructor
 arguments, the fields of ``SchedulerOutput`` and ``ModelRunnerOutput``, how a request is
-held back, where its KV blocks are counted), written for vLLM 0.29, so the tests read
-only behaviour: which requests a step gave tokens to, which it admitted and preempted,
-what runs after it, and what the EB+ scheduler reports over its control channel.
+held back, where its KV blocks are counted), written for vLLM 0.29 and unchanged through
+0.32, so the tests read only behaviour: which requests a step gave tokens to, which it
+admitted and preempted, what runs after it, and what the EB+ scheduler reports over its
+control channel. Where vLLM keeps what the tests read back (skipped requests) comes from
+:mod:`ebplus.replicas.compat`, as the scheduler reads it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from ebplus.controller.messages import StepKind
 from ebplus.profiler.local_engine import LocalEngineControl
-from ebplus.replicas import settings
+from ebplus.replicas import compat, settings
 from ebplus.replicas.scheduler import EBPlusScheduler
 
 #: Tokens per KV block.
@@ -178,6 +180,14 @@ class Driver:
             self.scheduler.add_request(request)
             ids.append(rid)
         return ids
+
+    def release(self, rid: str) -> None:
+        """Lift a ``held`` request's hold, as vLLM does itself once the grammar compiled: it waits as usual."""
+        self.requests[rid].status = RequestStatus.WAITING
+
+    def skipped(self) -> tuple[str, ...]:
+        """Waiting requests vLLM passed over (or that arrived held), wherever this release keeps them."""
+        return tuple(sorted(r.request_id for r in compat.scheduler_layout().skipped_requests(self.scheduler)))
 
     def abort(self, *ids: str) -> None:
         """Abort requests from outside the scheduler, as the API server does when a client leaves."""
