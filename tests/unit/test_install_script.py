@@ -13,8 +13,10 @@ from test_environment import install_fake
 REPO = Path(__file__).resolve().parents[2]
 
 
-def install(venv: Path, extras: str) -> subprocess.CompletedProcess:
+def install(venv: Path, extras: str, vllm_version: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "EXTRAS": extras, "PYTHON": sys.executable}
+    if vllm_version is not None:
+        env["VLLM_VERSION"] = vllm_version
     return subprocess.run(
         ["bash", "deploy/install.sh", str(venv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
@@ -38,20 +40,12 @@ def test_other_build_already_in_the_venv_refused(tmp_path: Path) -> None:
 
 
 def test_a_vllm_outside_the_supported_range_refused_before_anything(tmp_path: Path) -> None:
-    env = {**os.environ, "EXTRAS": "bench,dev,cpu", "PYTHON": sys.executable, "VLLM_VERSION": "0.28.1"}
-    proc = subprocess.run(
-        ["bash", "deploy/install.sh", str(tmp_path / "venv")], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
+    proc = install(tmp_path / "venv", "bench,dev,cpu", vllm_version="0.28.1")
     assert proc.returncode == 2 and not (tmp_path / "venv").exists(), proc.stdout + proc.stderr
     assert "EB+ supports vLLM 0.29–0.32; found 0.28.1" in proc.stderr
 
 
 def test_another_vllm_needs_an_extra_that_installs_one(tmp_path: Path) -> None:
-    env = {**os.environ, "EXTRAS": "bench,dev", "PYTHON": sys.executable, "VLLM_VERSION": "0.32.0"}
-    proc = subprocess.run(
-        ["bash", "deploy/install.sh", str(tmp_path / "venv")], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
+    proc = install(tmp_path / "venv", "bench,dev", vllm_version="0.32.0")
     assert proc.returncode == 2 and not (tmp_path / "venv").exists()
     assert "VLLM_VERSION=0.32.0 but EXTRAS=bench,dev installs no vLLM (add cpu or gpu)" in proc.stderr
