@@ -72,6 +72,15 @@ class LoadResult:
         ended = [o.ended - o.started for o in self.outcomes if o.ended]
         return round(max(ended), 2) if ended else None
 
+    def merged(self, other: LoadResult) -> LoadResult:
+        """Two loads that ran side by side, as one (their wall time: the longer one's)."""
+        return LoadResult(
+            outcomes=self.outcomes + other.outcomes,
+            attempts=self.attempts + other.attempts,
+            missing_retry_after=self.missing_retry_after + other.missing_retry_after,
+            wall_s=max(self.wall_s, other.wall_s),
+        )
+
     def summary(self) -> dict:
         lat = self.latencies()
         return {

@@ -18,6 +18,7 @@ Each scenario runs an open-loop load across the change and returns plain figures
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -75,35 +76,49 @@ def scenario_autoscale(
     cluster: Cluster,
     *,
     low_rate: float = 0.5,
-    high_rate: float = 8.0,
     max_tokens: int = 48,
     timeout_s: float = 600.0,
 ) -> dict:
-    """A ramp from ``low_rate`` to ``high_rate`` requests/s until Serve runs ``max_replicas``, then back
-    until it runs ``min_replicas`` again. The cluster must have room for ``max_replicas``."""
+    """A load ramp until Serve runs ``max_replicas``, then back until it runs ``min_replicas`` again.
+
+    The low load is open loop (``low_rate`` requests/s) for the whole cycle; the ramp adds a
+    closed loop of just enough concurrent requests to ask for ``max_replicas``
+    (``target_ongoing_requests`` x ``max_replicas``), stopped once they run. A closed loop,
+    not a higher arrival rate: an open-loop ramp above what the fleet serves (8 requests/s
+    on this 2-core machine's CPU engines) queues requests faster than they end, so the
+    queue outlives the ramp and holds the fleet at ``max_replicas`` long after it, and the
+    saturated engines starve the new replica's start (280 s instead of 70 s, seen in CI).
+    The cluster must have room for ``max_replicas``.
+    """
     auto = dep.config.replicas.autoscaling
     if auto is None:
         raise HarnessError("the deployment has no replicas.autoscaling")
     lo, hi = auto.min_replicas, auto.max_replicas
+    ramp_concurrency = math.ceil(auto.target_ongoing_requests * hi)
     snap0 = healthy_fleet(dep, cluster, lo)
-    rate = [low_rate]
     marks: dict[str, float] = {}
     with BackgroundLoad(
-        dep, rate_per_s=lambda: rate[0], duration_s=timeout_s, concurrency=32, max_tokens=max_tokens, max_retries=2
+        dep, rate_per_s=low_rate, duration_s=3 * timeout_s, concurrency=8, max_tokens=max_tokens, max_retries=2
     ) as load:
         time.sleep(3)
-        rate[0] = high_rate
         t_high = time.monotonic()
-        wait_until(f"Serve to scale up to {hi} replicas", lambda: cluster.running_replicas() == hi, timeout_s, every_s=0.5)
-        marks["scaled_up_s"] = time.monotonic() - t_high
-        snap_up = healthy_fleet(dep, cluster, hi, timeout_s=120)
-        marks["up_converged_s"] = time.monotonic() - t_high
+        with BackgroundLoad(
+            dep, duration_s=timeout_s, concurrency=ramp_concurrency, max_tokens=max_tokens, max_retries=2, seed=1
+        ) as ramp:
+            wait_until(
+                f"Serve to scale up to {hi} replicas", lambda: cluster.running_replicas() == hi, timeout_s, every_s=0.5
+            )
+            marks["scaled_up_s"] = time.monotonic() - t_high
+            snap_up = healthy_fleet(dep, cluster, hi, timeout_s=120)
+            marks["up_converged_s"] = time.monotonic() - t_high
+            ramp.stop.set()
         new = sorted(set(snap_up["replicas"]) - set(snap0["replicas"]))
         status = cluster.replica_status(hi, want=set(new))
         history = json.loads(cluster.call("history"))
-        rate[0] = low_rate
         t_low = time.monotonic()
-        wait_until(f"Serve to scale down to {lo} replicas", lambda: cluster.running_replicas() == lo, timeout_s, every_s=0.5)
+        wait_until(
+            f"Serve to scale down to {lo} replicas", lambda: cluster.running_replicas() == lo, timeout_s, every_s=0.5
+        )
         marks["scaled_down_s"] = time.monotonic() - t_low
         removed = wait_until(  # Serve counts a replica out when it starts draining; its actor goes after
             "the scaled-down replica's actor to stop",
@@ -119,7 +134,7 @@ def scenario_autoscale(
         snap_down = healthy_fleet(dep, cluster, lo, timeout_s=120)
         time.sleep(3)
         load.stop.set()
-    result = load.join()
+    result = load.join().merged(ramp.join())
     seeded = {}
     for rid in new:
         if rid not in status:
@@ -134,7 +149,7 @@ def scenario_autoscale(
         }
     return {
         "replicas": [lo, hi, lo],
-        "rates": [low_rate, high_rate, low_rate],
+        "load_shape": {"low_rate_per_s": low_rate, "ramp_concurrency": ramp_concurrency},
         "load": result.summary(),
         "failures": _failures(result),
         "new": new,
@@ -277,7 +292,9 @@ def scenario_controller_upgrade(dep: Deployment, cluster: Cluster, *, rate_per_s
     replicas = cluster.running_replicas()
     snap0 = healthy_fleet(dep, cluster, replicas)
     planted = previous_release_state(sorted(snap0["replicas"]), snap0["version"] + 1)
-    with BackgroundLoad(dep, rate_per_s=rate_per_s, duration_s=600, concurrency=32, max_tokens=32, max_retries=2) as load:
+    with BackgroundLoad(
+        dep, rate_per_s=rate_per_s, duration_s=600, concurrency=32, max_tokens=32, max_retries=2
+    ) as load:
         time.sleep(3)
         t0 = time.monotonic()
         ping = _replace_controller(cluster, dep, planted)
