@@ -72,10 +72,11 @@ def must_show(r: dict) -> list[str]:
     auto = r.get("autoscale")
     if auto:
         seeded = [s["on_fleet_plan"] for s in auto["seeded"].values()]
+        shape = auto["load_shape"]
         ok = auto["load"]["failed"] == 0 and all(seeded) and bool(seeded)
         lines.append(
-            f"| Autoscaling up and down under a load ramp ({auto['rates'][0]} → {auto['rates'][1]} → {auto['rates'][0]} "
-            f"req/s) | 1 cycle ({' → '.join(map(str, auto['replicas']))} replicas), {auto['load']['sent']} requests | 0 failed "
+            f"| Autoscaling up and down under a load ramp ({shape['low_rate_per_s']} req/s, plus "
+            f"{shape['ramp_concurrency']} concurrent requests until scaled up) | 1 cycle ({' → '.join(map(str, auto['replicas']))} replicas), {auto['load']['sent']} requests | 0 failed "
             f"requests; new replicas on the fleet's thresholds at their first push | failed {auto['load']['failed']}; new "
             f"replicas on the fleet's plan at first push {sum(seeded)}/{len(seeded)}; up in {auto['scaled_up_s']} s, down "
             f"{auto['scaled_down_s']} s after the ramp ended, removed replica forgotten after {auto['forgot_removed_s']} s "

@@ -23,8 +23,8 @@ from harness import nodeloss, rollout
 from harness.multinode import MULTINODE_CONFIG, rollout_config, start_cluster
 from harness.nodes import LocalCluster
 
-#: In ``make test``: about 8 minutes on this 2-core machine (cluster and deployment 1.5, node loss
-#: 1.2, rolling update 2-5, autoscaling cycle 2.5, the two controller starts 0.3).
+#: In ``make test``: about 12 minutes on this 2-core machine, quiet (cluster and deployment 2.2, node
+#: loss 1.6, rolling update 3.7, autoscaling cycle 3.7, the two controller starts 0.4).
 pytestmark = [pytest.mark.e2e]
 
 ADMIN_TOKEN = "scaleout-admin-token-3f7a"
