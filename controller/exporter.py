@@ -164,7 +164,7 @@ def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
             fam[name].add_metric(SPECS[name].label_values(labels), float(value))
 
     for rid, r in snapshot.replicas.items():
-        lab = [rid, model]  # R's order
+        lab = [rid, r.model or model]  # R's order; ``model``: for a replica that did not say
         put("ebplus_threshold_k", lab, r.k)
         put("ebplus_batch_cap_n", lab, r.n)
         put("ebplus_n_star", lab, r.n_star)

@@ -72,6 +72,7 @@ class ReplicaState:
     fitter: CostModelFitter
     planner: ThresholdPlanner
     current: ThresholdUpdate
+    model: str = ""  # the model it serves ("" if its release did not say)
     cost: CostFit | None = None
     ordinal: int = 0  # registration order; staggers cost refits across replicas
     concurrency: float | None = None  # EMA of running + waiting
@@ -170,8 +171,9 @@ class FleetController:
             planner.state, planner.last = dataclasses.replace(saved.planner), saved.last_plan
             prior = saved.cost_model
             origin = "saved"
-        else:
-            donor = next(iter(self.replicas.values()), None)
+        else:  # a replica of the same model, else any: its plan is closer than a cold one
+            donor = next((r for r in self.replicas.values() if r.model == registration.model), None)
+            donor = donor or next(iter(self.replicas.values()), None)
             if donor is not None and donor.planner.last is not None:
                 planner.state = dataclasses.replace(donor.planner.state)
                 planner.last = donor.planner.last
@@ -179,6 +181,7 @@ class FleetController:
         fresh = {
             "mode": Mode(registration.mode),
             "facts": facts,
+            "model": registration.model,
             "planner": planner,
             "current": planner.update_for(registration.mode, self.version),
             "last_seen": self.clock(),

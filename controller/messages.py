@@ -330,6 +330,9 @@ class Registration(Message, frozen=True, kw_only=True):
     mode: Mode
     facts: EngineFacts
     prior: CostModel
+    #: the model it serves (vLLM's served model name; "" from a replica of an earlier release): the
+    #: ``model_name`` label of its metrics, and whose plan a new replica starts from
+    model: str = ""
 
 
 class TelemetryBatch(Message, frozen=True, kw_only=True):

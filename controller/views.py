@@ -86,6 +86,7 @@ class ReplicaView(ThresholdsView):
     updated_at: float = Field(description="Unix time of the last decision for this replica.")
     last_seen: float = Field(description="Unix time of the replica's last push.")
     device: str = Field(description="Accelerator the replica reported.")
+    model: str = Field("", description="The model the replica serves (empty: its release did not say).")
     theta0: float | None = Field(description="CFR threshold fraction (eq. 3); null before the first estimate.")
     delta_theta: float | None = Field(description="IFR correction (eq. 5), clamped.")
     theta_star: float | None = Field(description="theta0 + Delta theta, clamped.")
@@ -213,6 +214,7 @@ def replica_view(fleet: FleetController, replica: ReplicaState) -> ReplicaView:
         updated_at=replica.updated_at,
         last_seen=replica.last_seen,
         device=replica.facts.device,
+        model=replica.model,
         theta0=None if plan is None else plan.theta0,
         delta_theta=None if plan is None else plan.delta_theta,
         theta_star=None if plan is None else plan.theta_star,

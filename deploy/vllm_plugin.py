@@ -206,6 +206,7 @@ class EBPlusRuntime:
             prior=lambda device: prior_for_device(section, device),
             capacity=section.telemetry_buffer,
             sampling=section.telemetry_sampling.sampling(),
+            model=model_id,
         )
         self.control = EngineControl(engine_client)
         self.engine_stopped = lambda: bool(engine_client.errored)

@@ -153,6 +153,7 @@ class TelemetryPump:
         prior: the prior cost model for a device name (a replica picks it for its GPU).
         capacity: records the outbox holds per kind while the controller is away.
         clock: stamps batches (``sent_at``).
+        model: the model the engine serves (sent when registering).
         sampling: the share of its requests and engine cycles it reports (:mod:`ebplus.replicas.sampling`).
     """
 
@@ -164,8 +165,10 @@ class TelemetryPump:
         capacity: int,
         clock: Callable[[], float] = time.time,
         sampling: Sampling = ALL,
+        model: str = "",
     ) -> None:
         self.replica_id = replica_id
+        self.model = model
         self.sampler = TelemetrySampler(sampling)
         self.mode = mode
         self.prior = prior
@@ -215,7 +218,11 @@ class TelemetryPump:
     def _register(self) -> Cycle:
         assert self.facts is not None
         registration = Registration(
-            replica_id=self.replica_id, mode=self.mode, facts=self.facts, prior=self.prior(self.facts.device)
+            replica_id=self.replica_id,
+            mode=self.mode,
+            facts=self.facts,
+            prior=self.prior(self.facts.device),
+            model=self.model,
         )
         update = yield Register(registration)
         if update is None:

@@ -54,6 +54,7 @@ class EBPlusServer(LLMServer):
             prior=lambda device: prior_for_device(replicas, device),
             capacity=replicas.telemetry_buffer,
             sampling=replicas.telemetry_sampling.sampling(),
+            model=llm_config.model_id,
         )
         self._control: EngineControl | None = None
         self._controller = ControllerClient(RayTransport())

@@ -27,9 +27,10 @@ def registration(
     max_num_seqs: int = 64,
     prior: CostModel = PRIOR,
     device: str = "cpu",
+    model: str = "",
 ) -> Registration:
     facts = EngineFacts(kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs, device=device)
-    return Registration(replica_id=replica_id, mode=Mode(mode), facts=facts, prior=prior)
+    return Registration(replica_id=replica_id, mode=Mode(mode), facts=facts, prior=prior, model=model)
 
 
 def batch(

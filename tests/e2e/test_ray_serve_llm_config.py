@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness import Deployment, deployed
 
@@ -56,8 +57,17 @@ def test_both_models_are_listed_and_answer(two_models: Deployment) -> None:
 
 
 def test_each_models_replica_runs_its_scheduler_under_the_one_controller(two_models: Deployment) -> None:
-    """Both replicas register with the same controller; the tiny model's ebplus.models override (mode eb) holds."""
-    replicas = two_models.thresholds()["replicas"].values()
-    by_seqs = {r["max_num_seqs"]: r for r in replicas}
-    assert sorted(by_seqs) == sorted(MODELS.values())
-    assert by_seqs[MODELS["tiny"]]["mode"] == "eb" and by_seqs[MODELS["smollm2"]]["mode"] == "auto"
+    """Both replicas register with the same controller, each saying its model; the tiny model's
+    ebplus.models override (mode eb) holds; each replica's EB+ metrics carry its own model's name."""
+    replicas = two_models.thresholds()["replicas"]
+    by_model = {r["model"]: r for r in replicas.values()}
+    assert {model: r["max_num_seqs"] for model, r in by_model.items()} == MODELS
+    assert by_model["tiny"]["mode"] == "eb" and by_model["smollm2"]["mode"] == "auto"
+    text = httpx.get(f"{two_models.base_url}/metrics", timeout=30).text
+    labelled = {
+        sample.labels["ReplicaId"]: sample.labels["model_name"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "ebplus_threshold_k"
+    }
+    assert labelled == {rid: r["model"] for rid, r in replicas.items()}

@@ -99,6 +99,16 @@ def test_per_replica_labels_are_vllms_and_rays_with_the_old_ones_beside() -> Non
     assert all(set(s.labels) <= {"kind", "reason", "le"} for s in samples["ebplus_telemetry_received_total"])
 
 
+def test_each_replica_is_labelled_with_the_model_it_serves() -> None:
+    """One controller, several models: ``model_name`` is the replica's own model, the deployment's
+    model only for a replica that did not say (an earlier release)."""
+    fc = busy_fleet()
+    fc.register(registration("r1", Mode.AUTO, 600_000, 64, H200, model="small"))
+    samples = parse(render(fc.snapshot(), "m"))
+    names = {s.labels["ReplicaId"]: s.labels["model_name"] for s in samples["ebplus_threshold_k"]}
+    assert names == {"r0": "m", "r1": "small"}
+
+
 @pytest.mark.parametrize(("old", "new"), sorted(RENAMED.items()))
 def test_a_renamed_metric_is_exported_under_both_names(old: str, new: str) -> None:
     samples = parse(render(busy_fleet().snapshot(), "m"))

@@ -220,6 +220,26 @@ def test_new_replica_inherits_fleet_plan(fleet: FleetController) -> None:
     )
 
 
+def test_a_new_replica_starts_from_a_replica_of_its_own_model(clock: FakeClock) -> None:
+    """Several models behind one controller: a new replica's first plan is its own model's (sized for that
+    model's workload and engine), and each replica's view says which model it serves."""
+    fc = FleetController(ControllerConfig(update_every=100, first_update=100), clock=clock)
+    fc.register(registration("a-0", Mode.AUTO, 2_000_000, 1024, H200, model="big"))
+    fc.register(registration("b-0", Mode.AUTO, 600_000, 64, RTX, model="small"))
+    for i in range(2):
+        fc.ingest(batch("a-0", completions(100, seed=i), steps(10)))
+        fc.ingest(batch("b-0", completions(100, seed=10 + i), steps(10)))
+    b0 = fc.thresholds("b-0")
+    assert (b0.k, b0.n) != (fc.thresholds("a-0").k, fc.thresholds("a-0").n)  # the two plans differ
+    t = fc.register(registration("b-1", Mode.AUTO, 600_000, 64, RTX, model="small"))
+    assert (t.k, t.n, t.active) == (b0.k, b0.n, b0.active)
+    views = fc.snapshot().replicas
+    assert {rid: v.model for rid, v in views.items()} == {"a-0": "big", "b-0": "small", "b-1": "small"}
+    # a replica of an earlier release does not say: it starts from any replica's plan
+    assert fc.register(registration("old-0", Mode.AUTO, 2_000_000, 1024, H200)) is not None
+    assert fc.snapshot().replicas["old-0"].model == ""
+
+
 def test_forget_stale(fleet: FleetController, clock: FakeClock) -> None:
     clock.now += 100
     fleet.ingest(batch("h200-0"))
