@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ebplus-installed
 CONFIG ?= deploy/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit test-vllm lint docs serve models bench-sim bench-controller gpu-probe clean
+.PHONY: install test test-unit test-vllm test-vllm-ci lint docs serve models bench-sim bench-controller gpu-probe clean
 
 install: $(STAMP)
 
@@ -50,6 +50,21 @@ $(VLLM_VENV)/.ebplus-installed-$(VLLM): pyproject.toml deploy/install.sh
 test-vllm: $(VLLM_VENV)/.ebplus-installed-$(VLLM)
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
 	$(VLLM_VENV)/bin/python -m pytest $(VLLM_TESTS) $(PYTEST_ARGS)
+
+# CI's second engine tier (.ci/run, after `make test`): the newest CPU vLLM in its own venv and the
+# tests that prove the plugin path there, ~5.5 minutes with the install on a quiet 2-core machine:
+# the scheduler on vLLM's real Scheduler (the k/N cap bounds admissions, skipped requests counted
+# and released), the plugin's units (its refusals included), greedy outputs identical to stock in MB
+# and EB (tiny and SmolLM2), run-time control through the engine and AsyncLLM, and plain `vllm serve`
+# with the plugin (/admin, metrics, a clean stop). Left to `make test-vllm`: the two end-to-end
+# refusals, which start vLLM again only to see it refuse (`make test` runs them on 0.29).
+VLLM_CI ?= 0.32.0
+VLLM_CI_SKIP := tests/e2e/test_plain_vllm.py::test_several_api_servers_are_refused \
+  tests/e2e/test_plain_vllm.py::test_a_vllm_outside_the_range_is_refused
+test-vllm-ci:
+	$(MAKE) test-vllm VLLM=$(VLLM_CI) \
+	  VLLM_TESTS="tests/unit/test_scheduler_core.py tests/unit/test_vllm_plugin.py tests/engine/test_scheduler.py tests/e2e/test_plain_vllm.py" \
+	  PYTEST_ARGS="$(PYTEST_ARGS) -p no:cacheprovider $(addprefix --deselect ,$(VLLM_CI_SKIP))"
 
 serve: install
 	$(VENV)/bin/ebplus serve --config $(CONFIG)
