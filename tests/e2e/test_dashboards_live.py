@@ -51,6 +51,14 @@ def traffic(base_url: str, stop: threading.Event) -> int:
     return sent
 
 
+#: Ray mode's request-latency histograms the serving dashboard's quantile panels read.
+LATENCY_HISTOGRAMS = (
+    "ray_vllm_request_time_per_output_token_seconds",
+    "ray_vllm_inter_token_latency_seconds",
+    "ray_vllm_e2e_request_latency_seconds",
+)
+
+
 def test_every_panel_has_data_on_the_live_deployment(deployment, prometheus) -> None:
     host = deployment.base_url.removeprefix("http://")
     prom = prometheus([Target(host, job="ebplus"), Target(RAY_METRICS, job="ray")], scrape_interval="1s")
@@ -60,6 +68,10 @@ def test_every_panel_has_data_on_the_live_deployment(deployment, prometheus) -> 
         try:
             prom.wait_for('up{job="ray"} == 1', timeout=120)
             prom.wait_for("ray_vllm_num_requests_running", timeout=180)
+            # the latency panels are quantiles of histogram rates: they have data once completions
+            # reached two of Prometheus's scrapes of Ray's agent (its export lags the engine by seconds)
+            for histogram in LATENCY_HISTOGRAMS:
+                prom.wait_for(f"sum(rate({histogram}_count[1m])) > 0", timeout=180)
             time.sleep(20)  # rates over the window the queries use
             failures = []
             for query in panel_queries():
