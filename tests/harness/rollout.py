@@ -87,7 +87,7 @@ def scenario_autoscale(
     not a higher arrival rate: an open-loop ramp above what the fleet serves (8 requests/s
     on this 2-core machine's CPU engines) queues requests faster than they end, so the
     queue outlives the ramp and holds the fleet at ``max_replicas`` long after it, and the
-    saturated engines starve the new replica's start (280 s instead of 70 s, seen in CI).
+    saturated engines starve the new replica's start.
     The cluster must have room for ``max_replicas``.
     """
     auto = dep.config.replicas.autoscaling
