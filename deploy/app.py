@@ -67,7 +67,10 @@ def engine_env(cfg: ServeConfig) -> dict[str, str]:
 def engine_kwargs(cfg: ServeConfig) -> dict[str, Any]:
     """vLLM engine arguments of a replica: the config's, our scheduler, and its settings."""
     sections = {"scheduler": cfg.scheduler, "controller": cfg.controller}
+    # Ray Serve LLM leaves enable_lora to the user; a model with adapters needs it, so it is implied
+    lora = {"enable_lora": True} if cfg.model.lora is not None else {}
     return {
+        **lora,
         **cfg.engine.engine_kwargs(),
         "scheduler_cls": SCHEDULER_CLS,
         "additional_config": settings.additional_config(sections),
@@ -96,6 +99,10 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
         kwargs["accelerator_type"] = rep.accelerator_type
     if rep.placement_group_config is not None:
         kwargs["placement_group_config"] = rep.placement_group_config
+    if cfg.model.lora is not None:
+        from ebplus.replicas.lora import ray_lora_config
+
+        kwargs["lora_config"] = ray_lora_config(cfg.model.lora.model_dump())
     return LLMConfig(**kwargs)
 
 
@@ -153,6 +160,7 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
     return ingress.bind(
         llm_deployments=replicas,
         model_cards={model_id: to_model_metadata(model_id, llm) for model_id, llm in llms.items()},
+        lora_paths={m.model.id: m.model.lora.dynamic_lora_loading_path for m in models if m.model.lora is not None},
         auth=auth,
         model_id=cfg.model.id,
         # a replica heartbeats every fifth of its own stall_timeout_s: the longest one is safe for all

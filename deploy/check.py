@@ -40,6 +40,7 @@ from pydantic import TypeAdapter, ValidationError
 from ebplus.deploy import sources
 from ebplus.deploy.config import ServeConfig
 from ebplus.keys import did_you_mean
+from ebplus.replicas.config import lora_local_dir
 
 #: Engine arguments ``engine.extra`` must not carry: EB+ Serve sets them (from other keys).
 RESERVED = {
@@ -72,7 +73,24 @@ def check_config(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> list
     findings += check_model_len(cfg, env)
     if cfg.ray.address is None:  # this machine is the cluster
         findings += check_devices(cfg)
+        findings += check_lora(cfg)
     return findings
+
+
+def check_lora(cfg: ServeConfig) -> list[Finding]:
+    """A local adapter directory must be here (the replicas run on this machine) and hold an adapter."""
+    if cfg.model.lora is None:
+        return []
+    field = "model.lora.dynamic_lora_loading_path"
+    base = lora_local_dir(cfg.model.lora.dynamic_lora_loading_path)
+    if base is None:
+        return []
+    if not base.is_dir():
+        return [Finding(field, f"{base} is not a directory")]
+    found = sorted(entry.name for entry in base.iterdir() if (entry / "adapter_config.json").is_file())
+    if not found:
+        return [Finding(field, f"{base} holds no adapter (a folder with adapter_config.json)", error=False)]
+    return [Finding(field, f"adapters {', '.join(found)} in {base}", error=False)]
 
 
 # --------------------------------------------------------------------------- model.source

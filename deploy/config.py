@@ -19,7 +19,7 @@ from ebplus import keys
 from ebplus.controller.config import ControllerConfig, CustomResources
 from ebplus.controller.cost_model import ProfileError, resolve_profile
 from ebplus.deploy import sources
-from ebplus.replicas.config import EngineSection, ReplicaSection, SchedulerSection
+from ebplus.replicas.config import EngineSection, LoraSection, ReplicaSection, SchedulerSection
 
 BUILTIN_MODELS = ("builtin:smollm2", "builtin:tiny")
 
@@ -44,6 +44,9 @@ class ModelSection(_Section):
         ),
     )
     cache_dir: str = Field("models", description="Where builtin models are built and cached (relative: to the working dir).")
+    lora: LoraSection | None = Field(
+        None, description="LoRA adapters of this model (requests name them as '<id>:<adapter>'); none by default."
+    )
 
     @field_validator("source")
     @classmethod
@@ -135,6 +138,10 @@ class ServeConfig(_Section):
     @model_validator(mode="after")
     def _cross_checks(self) -> ServeConfig:
         self.scheduler.initial(self.engine.max_num_seqs, self.controller.planner.theta_cold)
+        if self.model.lora is not None and self.engine.extra.get("enable_lora", True) is not True:
+            raise ValueError(
+                "model.lora needs engine.extra.enable_lora, which is false (adapters are served by vLLM's LoRA support)"
+            )
         if self.replicas.accelerator == "cpu" and self.engine.cpu_kv_cache_gib is None:
             raise ValueError("engine.cpu_kv_cache_gib is required when replicas.accelerator is 'cpu'")
         for where, name in [("replicas.profile", self.replicas.profile)] + [

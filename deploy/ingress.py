@@ -25,8 +25,9 @@ from ray.exceptions import RayActorError
 # * DEFAULT_ENDPOINTS, init(): the stock route table (we keep its text routes) and the FastAPI app
 #   with Ray's OpenAI error handling and request-id middleware, which make_fastapi_ingress uses;
 # * _sanitize_chat_completion_request: the stock ingress' own pre-processing, run early to turn a
-#   500 into a 400.
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+#   500 into a 400;
+# * ModelList: the /v1/models answer, which EBPlusIngress.models builds to list local LoRA adapters.
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ModelList
 from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, init
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
 from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
@@ -39,6 +40,7 @@ from ebplus.deploy.admin import AdminService
 from ebplus.deploy.auth import load_secret
 from ebplus.deploy.config import AuthSection
 from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit, ErrorResponses, JsonBodyGuard
+from ebplus.replicas import lora
 from ebplus.replicas.heartbeat import ReplicaStalled, without_heartbeats
 
 logger = logging.getLogger("ray.serve.ebplus")
@@ -71,10 +73,25 @@ class EBPlusIngress(OpenAiIngress):
         stall_timeout_s: float,
         lora_paths: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(llm_deployments, model_cards, lora_paths=lora_paths)
+        super().__init__(
+            llm_deployments, model_cards, lora_paths=lora_paths, _get_lora_model_metadata_func=lora.adapter_metadata
+        )
         self._stall_timeout_s = stall_timeout_s
         admin_token = load_secret(auth.admin_token_env, auth.admin_token_file)
         admin.install_service(AdminService(ControllerClient(RayTransport()), admin_token, model_id))
+
+    async def models(self) -> ModelList:
+        """Every base model and its adapters (the stock listing, which reads object storage only,
+        with :func:`ebplus.replicas.lora.adapter_ids` that also reads a local adapter directory)."""
+        cards = []
+        for base_model_id in self._model_cards:
+            cards.append(await self.model(base_model_id))
+            base_path = self._lora_paths.get(base_model_id)
+            for adapter_id in lora.adapter_ids(base_path, base_model_id) if base_path else ():
+                card = await self.model(adapter_id)
+                if card is not None:
+                    cards.append(card)
+        return ModelList(data=cards)
 
     async def _get_response(self, **kwargs: Any) -> AsyncGenerator[Any, None]:
         """The model's answer stream; a replica that dies or goes silent under a request becomes a 503, not a 500 or a hang.

@@ -46,6 +46,7 @@ MODEL_KEYS: dict[str, str] = {
     "runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE": "engine.cpu_kv_cache_gib",
     "runtime_env": "replicas.runtime_env",
     "placement_group_config": "replicas.placement_group_config",
+    "lora_config": "model.lora",
 }
 #: The application's own fields (``build_openai_app``'s ``LLMServingArgs``).
 APP_KEYS: dict[str, str] = {
@@ -61,8 +62,6 @@ SERVE_KEYS: dict[str, str] = {
 }
 #: ``LLMConfig`` fields EB+ Serve cannot honour, with the reason.
 REFUSED: dict[str, str] = {
-    "lora_config": "LoRA adapters are not served by EB+ Serve (its ingress routes to base models only); "
-    "serve each fine-tuned model as its own llm_configs entry",
     "server_cls": "EB+ Serve runs its own LLMServer subclass (the replica side of the EB+ scheduler)",
     "experimental_configs": "EB+ Serve sets Ray Serve LLM's experimental options itself (stream batching on CPU)",
     "callback_config": "EB+ Serve does not run Ray Serve LLM's model-initialisation callbacks",

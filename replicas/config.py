@@ -7,6 +7,7 @@ Sections of the deployment config (:class:`ebplus.deploy.config.ServeConfig`);
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -26,6 +27,47 @@ RUNTIME_ENV_SET_BY = {
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+#: Where Ray Serve LLM downloads adapters from (its own loader); a local directory is read in place.
+REMOTE_LORA_SCHEMES = ("s3://", "gs://", "abfss://", "azure://")
+LORA_FILE_SCHEME = "file://"
+
+
+class LoraSection(_Section):
+    """The model's LoRA adapters, served as ``<model.id>:<adapter>`` (Ray Serve LLM's ``lora_config``, same keys)."""
+
+    dynamic_lora_loading_path: str = Field(
+        min_length=1,
+        description=(
+            "Where the adapters are, one folder per adapter (each with adapter_config.json): a local "
+            "directory on every replica's node ('/models/adapters' or 'file:///models/adapters': a mounted "
+            "volume), or an s3://, gs://, abfss:// or azure:// prefix that Ray Serve LLM downloads from."
+        ),
+    )
+    max_num_adapters_per_replica: int = Field(
+        16, gt=0, description="Adapters a replica keeps loaded (least recently used unloaded beyond)."
+    )
+    download_timeout_s: float | None = Field(
+        30.0, gt=0, description="Seconds to download one adapter from object storage (None: no limit)."
+    )
+    max_download_tries: int = Field(3, ge=1, description="Tries to download one adapter from object storage.")
+
+    @field_validator("dynamic_lora_loading_path")
+    @classmethod
+    def _where(cls, value: str) -> str:
+        if value.startswith(REMOTE_LORA_SCHEMES) or lora_local_dir(value) is not None:
+            return value
+        raise ValueError(
+            f"must be an absolute directory, a file:/// URI or an {', '.join(REMOTE_LORA_SCHEMES)} prefix, got {value!r}"
+        )
+
+
+def lora_local_dir(path: str) -> Path | None:
+    """The directory a local adapter path names (absolute, or ``file:///``); ``None`` for object storage."""
+    if path.startswith(LORA_FILE_SCHEME):
+        path = path.removeprefix(LORA_FILE_SCHEME)
+    return Path(path) if path.startswith("/") else None
 
 
 class EngineSection(_Section):

@@ -28,6 +28,7 @@ from ebplus.controller.views import ThresholdsView
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.control import EngineControl
 from ebplus.replicas.heartbeat import with_heartbeats
+from ebplus.replicas.lora import AdapterLoader
 from ebplus.replicas.profiles import prior_for_device
 from ebplus.replicas.pump import TelemetryPump, arun, arun_forever
 
@@ -59,6 +60,7 @@ class EBPlusServer(LLMServer):
         self._control: EngineControl | None = None
         self._controller = ControllerClient(RayTransport())
         self._loop_task: asyncio.Task | None = None
+        kwargs.setdefault("model_downloader", AdapterLoader)  # adapters from a local directory, too
         await super().__init__(llm_config, **kwargs)
 
     async def start(self) -> None:

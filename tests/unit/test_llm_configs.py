@@ -123,7 +123,15 @@ def test_an_llm_config_may_be_a_file(tmp_path: Path) -> None:
         ),
         (
             lambda a, d: a["llm_configs"][0].update(lora_config={"max_num_adapters_per_replica": 2}),
-            f"{A}llm_configs[0].lora_config: LoRA adapters are not served by EB+ Serve",
+            f"{A}llm_configs[0].lora_config.dynamic_lora_loading_path: Field required",
+        ),
+        (
+            lambda a, d: a["llm_configs"][0].update(lora_config={"dynamic_lora_loading_path": "adapters"}),
+            f"{A}llm_configs[0].lora_config.dynamic_lora_loading_path: must be an absolute directory, a file:/// URI",
+        ),
+        (
+            lambda a, d: a["llm_configs"][0].update(lora_config={"dynamic_lora_loading_path": "/a", "max_adapters": 2}),
+            f"{A}llm_configs[0].lora_config.max_adapters: unknown key (did you mean max_num_adapters_per_replica?)",
         ),
         (
             lambda a, d: a["llm_configs"][0].update(server_cls="x.Y"),
