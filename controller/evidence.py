@@ -130,6 +130,9 @@ class _Ledger:
         self.phases = 0  # prefill phases ever started
         self.in_prefill = False
         self.lengths: list[tuple[float, float]] = []  # (mu_l, mu_o) of the estimates the steps ran under
+        # the last measure() of this ledger and the cost model it priced with: a plan measures both modes'
+        # ledgers, and a replica adds steps to the one of the mode it runs, so the other's answer is kept
+        self.measured: tuple[CostModel, ModeMeasurement | None] | None = None
 
     def add(self, records: Iterable[StepRecord]) -> int:
         """Append the steps that computed something, in order; one array write per call (a telemetry batch)."""
@@ -137,6 +140,7 @@ class _Ledger:
                 if r.prefill_tokens + r.decode_tokens > 0]  # fmt: skip
         if not rows:
             return 0
+        self.measured = None
         block = np.array(rows, dtype=float)
         prefill_only = block[:, 1] == 0
         before = np.concatenate([[self.in_prefill], prefill_only[:-1]])
@@ -277,7 +281,16 @@ class ModeEvidence:
     def measure(self, mode: Mode, cost: CostModel) -> ModeMeasurement | None:
         """The mode's evidence priced with ``cost``; ``None`` until it holds a full sample."""
         ledger = self._ledgers.get(mode)
-        if ledger is None or not self._enough(mode, ledger):
+        if ledger is None:
+            return None
+        if ledger.measured is not None and ledger.measured[0] is cost:
+            return ledger.measured[1]
+        measured = self._measure(mode, ledger, cost)
+        ledger.measured = (cost, measured)
+        return measured
+
+    def _measure(self, mode: Mode, ledger: _Ledger, cost: CostModel) -> ModeMeasurement | None:
+        if not self._enough(mode, ledger):
             return None
         prefill, decode, _, seconds, running, starts = ledger.view().T
         model = ledger.model_seconds(cost)

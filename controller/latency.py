@@ -192,15 +192,18 @@ def choose_k(
         raise ValueError(f"n must be >= 2, got {n}")
     k_star = min(max(1, k_star), n - 1)
     ks = sorted({*_grid(n), k_star})
+    base = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o)
     if slo.max_stall_s is None and slo.itl_p99_s is None:  # no stall target: every k unbounded (prefill_bound's answer)
         bounds = dict.fromkeys(ks, UNBOUNDED)
+        budgets = [UNBOUNDED.step_budget(budget)] * len(ks)
     else:
         bounds = {k: prefill_bound(cost, k, n, mu_l, budget, slo, cycle_s) for k in ks}
-    base = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o)
-    tps = dict(zip(ks, theory.tp_eb_many(ks, n, *base, [bounds[k].step_budget(budget) for k in ks], cycle_s),
-                   strict=True))  # fmt: skip
-    best = max(tps.values())
-    tolerated = [k for k in ks if tps[k] >= (1.0 - slo.tolerance) * best]
+        budgets = [bounds[k].step_budget(budget) for k in ks]
+    tp_list = theory.tp_eb_many(ks, n, *base, budgets, cycle_s)
+    best = max(tp_list)
+    floor = (1.0 - slo.tolerance) * best
+    tolerated = [k for k, tp in zip(ks, tp_list, strict=True) if tp >= floor]
+    tps = dict(zip(ks, tp_list, strict=True))
 
     def judged(k: int) -> tuple[Latency, PrefillBound, float | None]:
         lat = eb_latency(k, n, cost, mu_l, mu_o, budget, cycle_s, bounds[k], queue)

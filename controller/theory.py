@@ -17,11 +17,10 @@ Notation (all times in seconds, lengths in tokens):
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-
-from scipy.optimize import brentq
 
 # Clamps used by the seed authors' controller; documented in README ("Formulas").
 DELTA_THETA_MAX_FACTOR = 5.0
@@ -120,6 +119,9 @@ def theta0_residual(theta: float, c: float) -> float:
 
 #: The largest ``c`` :func:`solve_theta0` takes (theta0 = 1 - 7e-7 there).
 C_MAX = 1e6
+#: Newton steps :func:`solve_theta0` allows (it converges in 3-6 over the whole domain; a bound, not a tolerance).
+_NEWTON_STEPS = 60
+_EPS = sys.float_info.epsilon
 
 
 def solve_theta0(c: float) -> float:
@@ -131,9 +133,25 @@ def solve_theta0(c: float) -> float:
     by series for small ``v`` so tiny ``c`` (where ``theta ~ sqrt(2c)``) stays exact.
     """
     c = check_range("c (= p0*alpha_p/alpha_d)", c, 1e-15, C_MAX)
-    hi = 2.0 * c + 1.0
-    v = brentq(lambda x: _excess(x) - c, 0.0, hi, xtol=1e-300, rtol=8.9e-16, maxiter=500)
+    # Newton's method: the left side is increasing and convex in v, so from any v > 0 the first
+    # step lands at or right of the root and every later one descends onto it, quadratically. From
+    # the asymptotes (v ~ sqrt(2c) + 2c/3 for small c, v ~ c + ln(1 + v) for large c) it takes
+    # 3-5 steps, where a bracketing solver (brentq) needs ~20 evaluations: a re-plan solves this once a replica.
+    v = math.sqrt(2.0 * c) + 2.0 * c / 3.0 if c < 1.0 else c + math.log1p(c + math.log1p(c))
+    v = _newton_step(v, c)  # now at or right of the root
+    for _ in range(_NEWTON_STEPS):
+        nxt = _newton_step(v, c)
+        if not nxt < v or v - nxt <= 4.0 * _EPS * v:  # no more descent: the root, to rounding
+            v = min(v, nxt)
+            break
+        v = nxt
     return v / (1.0 + v)
+
+
+def _newton_step(v: float, c: float) -> float:
+    """One Newton step on ``v - ln(1 + v) = c`` (its derivative is ``v / (1 + v)``), kept above 0."""
+    nxt = v - (_excess(v) - c) * (1.0 + v) / v
+    return nxt if nxt > 0.0 else v / 2.0
 
 
 def theta0(p0: float, alpha_p: float, alpha_d: float) -> float:
