@@ -119,7 +119,7 @@ def theta0_residual(theta: float, c: float) -> float:
 
 #: The largest ``c`` :func:`solve_theta0` takes (theta0 = 1 - 7e-7 there).
 C_MAX = 1e6
-#: Newton steps :func:`solve_theta0` allows (it converges in 3-6 over the whole domain; a bound, not a tolerance).
+#: Newton steps :func:`solve_theta0` allows (it takes 2-5 over the whole domain; a bound, not a tolerance).
 _NEWTON_STEPS = 60
 _EPS = sys.float_info.epsilon
 
@@ -136,15 +136,19 @@ def solve_theta0(c: float) -> float:
     # Newton's method: the left side is increasing and convex in v, so from any v > 0 the first
     # step lands at or right of the root and every later one descends onto it, quadratically. From
     # the asymptotes (v ~ sqrt(2c) + 2c/3 for small c, v ~ c + ln(1 + v) for large c) it takes
-    # 3-5 steps, where a bracketing solver (brentq) needs ~20 evaluations: a re-plan solves this once a replica.
+    # 2-5 steps, where a bracketing solver (brentq) needs ~20 evaluations: a re-plan solves this once a replica.
     v = math.sqrt(2.0 * c) + 2.0 * c / 3.0 if c < 1.0 else c + math.log1p(c + math.log1p(c))
     v = _newton_step(v, c)  # now at or right of the root
+    last = math.inf
     for _ in range(_NEWTON_STEPS):
         nxt = _newton_step(v, c)
-        if not nxt < v or v - nxt <= 4.0 * _EPS * v:  # no more descent: the root, to rounding
+        step = v - nxt
+        # no more descent, or steps no longer shrinking quadratically: the root, to the rounding of
+        # the left side (which cancels to ~2 eps / v relative where v is just above the series' range)
+        if step <= 4.0 * _EPS * v or step > last / 2.0:
             v = min(v, nxt)
             break
-        v = nxt
+        v, last = nxt, step
     return v / (1.0 + v)
 
 
