@@ -296,3 +296,20 @@ def test_the_quick_positive_check_answers_as_the_full_one(value: float) -> None:
             theory._positive("x", value)
     else:
         assert theory._positive("x", value) == expected
+
+
+def test_theta0_newton_stops_at_the_rounding_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handful of steps everywhere, also where the left side cancels (c ~ 1e-6..1e-4: v just above the series)."""
+    steps = []
+    step = theory._newton_step
+
+    def counted(v: float, c: float) -> float:
+        steps[-1] += 1
+        return step(v, c)
+
+    monkeypatch.setattr(theory, "_newton_step", counted)
+    exponents = [e / 4 for e in range(-60, 25)] + [-6.5 + 3 * i / 400 for i in range(400)]
+    for e in exponents:
+        steps.append(0)
+        theory.solve_theta0(10.0**e)
+    assert max(steps) <= 6, max(steps)
