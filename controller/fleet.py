@@ -196,6 +196,12 @@ class FleetController:
                 state.concurrency, state.mode_switches = saved.concurrency, saved.mode_switches
                 state.next_completion, state.next_step = saved.next_completion, saved.next_step
                 state.dropped_completions, state.dropped_steps = saved.dropped.completions, saved.dropped.steps
+        # a cursor past where the replica's indices stand now: a new process under the same id (or one whose
+        # records were lost) counting from there; records below the cursor would be taken for duplicates
+        if 0 <= registration.completions_from < state.next_completion:
+            state.next_completion = registration.completions_from
+        if 0 <= registration.steps_from < state.next_step:
+            state.next_step = registration.steps_from
         self._registrations += 1
         self.replicas[rid] = state
         state.current = self._effective(state)
@@ -283,8 +289,10 @@ class FleetController:
         replica.dropped_steps += batch.dropped_steps
         if batch.stats is not None:
             replica.engine_stats = batch.stats
-        completions = self._fresh(replica, "next_completion", batch.completions, batch.completions_from)
-        steps = self._fresh(replica, "next_step", batch.steps, batch.steps_from)
+        completions = self._fresh(
+            replica, "next_completion", batch.completions, batch.completions_from, batch.dropped_completions
+        )
+        steps = self._fresh(replica, "next_step", batch.steps, batch.steps_from, batch.dropped_steps)
         replica_work.absorb_completions(self.received, self.workload, replica.replica_id, completions)
         running = None if batch.running_total < 0 else batch.running  # < 0: not reported
         self._attribute_latency(replica, running_mode, completions, running or ())
@@ -341,17 +349,24 @@ class FleetController:
             return "cold"
         return None
 
-    def _fresh(self, replica: ReplicaState, cursor: str, records: list, start: int) -> list:
+    def _fresh(self, replica: ReplicaState, cursor: str, records: list, start: int, dropped: int) -> list:
         """The records of one kind the controller does not have yet.
 
         ``start`` is the replica's running index of the batch's first record (-1: not
         tracked by this sender); records below the replica's cursor arrived before (a
         push that timed out at the replica and was delivered late) and are counted as
-        ``duplicate``.
+        ``duplicate``. The index moves past the cursor only by records the replica's
+        outbox dropped, which the same batch reports (``dropped``); a batch that skips
+        further is not this replica's next one (a corrupt or forged index), and moving
+        the cursor there would take every real record after it for a duplicate. Its
+        records are rejected as ``cursor_jump`` and the cursor stays.
         """
         if start < 0:
             return records
         seen = getattr(replica, cursor)
+        if seen >= 0 and start > seen + dropped:
+            self.rejected["cursor_jump"] += len(records)
+            return []
         skip = min(len(records), max(0, seen - start)) if seen >= 0 else 0
         if skip:
             self.rejected["duplicate"] += skip

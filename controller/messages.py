@@ -333,6 +333,11 @@ class Registration(Message, frozen=True, kw_only=True):
     #: the model it serves (vLLM's served model name; "" from a replica of an earlier release): the
     #: ``model_name`` label of its metrics, and whose plan a new replica starts from
     model: str = ""
+    #: the index its next batch's first completion and step will carry (``TelemetryBatch.*_from``): a
+    #: replica process that restarted under the same id counts from 0 again, and the controller's
+    #: cursors follow it down instead of taking its records for duplicates (-1: an earlier release)
+    completions_from: Index = -1
+    steps_from: Index = -1
 
 
 class TelemetryBatch(Message, frozen=True, kw_only=True):

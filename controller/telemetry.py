@@ -41,6 +41,7 @@ REJECT_REASONS = (
     "bad_batch",  # a batch, or a batch field, of the wrong shape
     "bad_version",  # a message of a wire version this controller does not speak
     "duplicate",  # a record the controller already has (a timed-out push delivered late)
+    "cursor_jump",  # records whose index skips past what the replica can have dropped (the cursor stays)
 )
 
 #: What an unusable envelope field is counted as (any other: ``bad_batch``).

@@ -223,6 +223,8 @@ class TelemetryPump:
             facts=self.facts,
             prior=self.prior(self.facts.device),
             model=self.model,
+            completions_from=self.outbox.completions_from,
+            steps_from=self.outbox.steps_from,
         )
         update = yield Register(registration)
         if update is None:

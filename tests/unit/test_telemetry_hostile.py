@@ -266,6 +266,40 @@ def test_cursors_survive_a_controller_restart() -> None:
     assert resumed.received["completions"] == 30 + 10
 
 
+def test_a_forged_index_is_rejected_and_does_not_mute_the_replica() -> None:
+    """One batch claiming index 2**61 used to move the cursor there: the next 100 real records were duplicates."""
+    fc = make_fleet()
+    fc.ingest(batch("r0", comps(10), completions_from=0))
+    fc.ingest(batch("r0", comps(3), completions_from=2**61))
+    assert fc.rejected["cursor_jump"] == 3 and fc.replicas["r0"].next_completion == 10
+    fc.ingest(batch("r0", comps(100, start=10), completions_from=10))
+    assert fc.received["completions"] == 110 and fc.rejected["duplicate"] == 0
+
+
+def test_a_gap_the_replica_reports_as_dropped_is_not_a_jump() -> None:
+    box = TelemetryOutbox(capacity=4)
+    fc = make_fleet()
+    box.add(drained(comps(4)))
+    fc.ingest(encode(box.batch("r0", 0, None)))
+    box.clear()
+    box.add(drained(comps(7, start=4)))  # 3 lost to the full outbox: the index skips them, and says so
+    b = box.batch("r0", 0, None)
+    assert (b.completions_from, b.dropped_completions) == (7, 3)
+    fc.ingest(encode(b))
+    assert fc.received["completions"] == 8 and fc.rejected["cursor_jump"] == 0
+
+
+def test_a_replica_restarted_under_the_same_id_is_heard_again() -> None:
+    """Its new process counts from 0 and registers saying so; the controller's cursor follows it down."""
+    fc = make_fleet()
+    fc.ingest(batch("r0", comps(500), completions_from=0))
+    fc.register(msgspec.structs.replace(registration("r0"), completions_from=0, steps_from=0))
+    fc.ingest(batch("r0", comps(100), completions_from=0))
+    assert fc.received["completions"] == 600 and fc.rejected["duplicate"] == 0
+    fc.register(msgspec.structs.replace(registration("r0"), completions_from=600))  # a cursor behind stays
+    assert fc.replicas["r0"].next_completion == 100
+
+
 def test_actor_ingest_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Even a bug in ingestion answers with thresholds and counts the batch, never an exception."""
     actor = ControllerActor(ControllerConfig(update_every=10, state_dir=str(tmp_path)), housekeeping=False)
