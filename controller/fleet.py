@@ -196,11 +196,12 @@ class FleetController:
                 state.concurrency, state.mode_switches = saved.concurrency, saved.mode_switches
                 state.next_completion, state.next_step = saved.next_completion, saved.next_step
                 state.dropped_completions, state.dropped_steps = saved.dropped.completions, saved.dropped.steps
-        # a cursor past where the replica's indices stand now: a new process under the same id (or one whose
-        # records were lost) counting from there; records below the cursor would be taken for duplicates
-        if 0 <= registration.completions_from < state.next_completion:
+        # the replica's next batch starts where it says: below the cursor (a new process under the same id,
+        # counting from 0) its records would be taken for duplicates; above it (this controller restored
+        # state older than what the replica had delivered) for a jump
+        if registration.completions_from >= 0:
             state.next_completion = registration.completions_from
-        if 0 <= registration.steps_from < state.next_step:
+        if registration.steps_from >= 0:
             state.next_step = registration.steps_from
         self._registrations += 1
         self.replicas[rid] = state

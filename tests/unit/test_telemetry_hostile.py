@@ -296,8 +296,20 @@ def test_a_replica_restarted_under_the_same_id_is_heard_again() -> None:
     fc.register(msgspec.structs.replace(registration("r0"), completions_from=0, steps_from=0))
     fc.ingest(batch("r0", comps(100), completions_from=0))
     assert fc.received["completions"] == 600 and fc.rejected["duplicate"] == 0
-    fc.register(msgspec.structs.replace(registration("r0"), completions_from=600))  # a cursor behind stays
-    assert fc.replicas["r0"].next_completion == 100
+
+
+
+def test_a_controller_restored_from_older_state_follows_the_replica_up() -> None:
+    """Restored state ends before what the replica delivered since: its next batch is not a jump."""
+    fc = make_fleet()
+    fc.ingest(batch("r0", comps(30), completions_from=0))
+    state = fc.state()  # persisted here...
+    fc.ingest(batch("r0", comps(20, start=30), completions_from=30))  # ...then 20 more delivered, not persisted
+    resumed = FleetController(fc.config)
+    resumed.restore(state)
+    resumed.register(msgspec.structs.replace(registration("r0"), completions_from=50))
+    resumed.ingest(batch("r0", comps(5, start=50), completions_from=50))
+    assert resumed.received["completions"] == 30 + 5 and resumed.rejected["cursor_jump"] == 0
 
 
 def test_actor_ingest_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
