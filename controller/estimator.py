@@ -145,6 +145,8 @@ class EstimatorState:
     updates: int
     estimate: Estimate | None = None
     first: Estimate | None = None
+    #: windows of replicas that left, oldest departure first (state saved before they existed: none)
+    departed: list[ReplicaWindow] = field(default_factory=list)
 
 
 def _recent(
@@ -207,6 +209,8 @@ class WorkloadEstimator:
         # per replica, the `_share` largest admission numbers it finished, ascending (see _recent)
         self._newest: dict[str, list[int]] = {}
         self._share = 0
+        # the windows of replicas that left, oldest departure first: see forget()
+        self._departed: deque[ReplicaWindow] = deque()
         self._inputs: deque[int] = deque(maxlen=input_window or window)
         self._cached: deque[int] = deque(maxlen=input_window or window)
         self.completions = 0  # all observed, ever
@@ -256,6 +260,18 @@ class WorkloadEstimator:
         self._cached.extend(min(r.cached_tokens, r.input_len) for r in records)
         self.completions += len(records)
         self.pending += len(records)
+        if self._departed:
+            self._age_departed(len(records))
+
+    def _age_departed(self, arrived: int) -> None:
+        """Each completion that arrives displaces one finished request of the replicas that left, oldest first."""
+        while arrived and self._departed:
+            w = self._departed[0]
+            for seq in sorted(w.done)[:arrived]:
+                del w.done[seq]
+                arrived -= 1
+            if not w.done:  # its running requests were admitted after those: they go with the last of them
+                self._departed.popleft()
 
     def observe_running(self, replica: str, running: Sequence[RunningRequest], total: int) -> None:
         """The replica's requests still running now (a sample of ``total``); replaces its previous report."""
@@ -264,10 +280,31 @@ class WorkloadEstimator:
         w.running_total = max(int(total), len(w.running))
 
     def forget(self, replica: str) -> None:
-        """A replica left the fleet: what it was running will never be reported finished."""
-        w = self._replicas.get(replica)
-        if w is not None:
-            w.running, w.running_total = [], 0
+        """A replica left the fleet: its window stops taking a share and ages out.
+
+        What it finished is evidence about the workload like any other completion, and
+        what it was running, censored at the age last reported, too (those requests will
+        never be reported finished). So its window - its share's finished admissions and
+        the running sample admitted after them - leaves the per-replica split and joins
+        the windows of replicas that left, which give up one finished request to each
+        completion that arrives from then on (:meth:`_age_departed`), and hold at most a
+        window between them. A fleet that scales down keeps a full window; one that churns
+        through replicas holds a bounded one.
+        """
+        w = self._replicas.pop(replica, None)
+        newest = self._newest.pop(replica, None)
+        if w is None:
+            return
+        _, share = self._live()
+        lo, recent = _recent(w.done, newest if newest is not None else sorted(w.done)[-share:], share)
+        kept = ReplicaWindow(done=dict(recent), running=[r for r in w.running if r.seq > lo],
+                             running_total=w.running_total)  # fmt: skip
+        if kept.done:
+            self._departed.append(kept)
+        # replicas leaving one by one each take the share the ones left had: together at most a window
+        excess = sum(len(d.done) for d in self._departed) - self.window
+        if excess > 0:
+            self._age_departed(excess)
 
     def cold_guess(self, replica: str, output_tokens: float) -> tuple[float, float] | None:
         """``(mu_l, mu_o)`` for the KV a replica's first cohort will need, before any estimate.
@@ -286,7 +323,7 @@ class WorkloadEstimator:
     @property
     def n_samples(self) -> int:
         """Finished requests held (running ones add to a fit, but no estimate rests on them alone)."""
-        return sum(len(w.done) for w in self._replicas.values())
+        return sum(len(w.done) for w in self._replicas.values()) + sum(len(w.done) for w in self._departed)
 
     def update_due(self) -> bool:
         """True once ``update_every`` completions arrived and the window is warm."""
@@ -307,8 +344,9 @@ class WorkloadEstimator:
         """
         live, share = self._live()
         dur, natural, capped, caps, weights, running = [], [], [], [], [], []
-        for w, newest in live:
-            lo, recent = _recent(w.done, newest, share)
+        windows = [(w, *_recent(w.done, newest, share)) for w, newest in live]
+        windows += [(w, -1, list(w.done.items())) for w in self._departed]  # trimmed when they left
+        for w, lo, recent in windows:
             for _, rec in recent:
                 if rec.finish is FinishReason.ERROR:
                     continue
@@ -411,6 +449,7 @@ class WorkloadEstimator:
             updates=self.updates,
             estimate=self.estimate,
             first=self.first,
+            departed=list(self._departed),
         )
 
     def restore(self, state: EstimatorState) -> None:
@@ -426,3 +465,4 @@ class WorkloadEstimator:
         self.updates = state.updates
         self.estimate = state.estimate
         self.first = state.first
+        self._departed = deque(state.departed)

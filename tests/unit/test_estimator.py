@@ -208,8 +208,12 @@ def test_the_window_is_per_replica_admissions() -> None:
     sample = est.sample()
     assert sample.size == 50 + 50 + 20  # 100 split over two replicas, plus a's running sample
     assert sample.weights[sample.running].sum() == pytest.approx(40)  # each stands for two running requests
-    est.forget("a")
-    assert est.sample().size == 100
+    est.forget("a")  # its last share leaves the split, its running requests censored where they were
+    sample = est.sample()
+    assert sample.size == 50 + 20 + 100 and sample.weights[sample.running].sum() == pytest.approx(40)
+    for i in range(50):  # each new completion displaces one of a's: then a's window is gone
+        est.observe(CompletionRecord(10, 50, FinishReason.STOP, seq=300 + i), "b")
+    assert est.sample().size == 100 and est.state().departed == []
 
 
 def test_observe_rejects_impossible_lengths() -> None:
@@ -235,3 +239,19 @@ def test_state_round_trip() -> None:
 def test_departure_model_needs_requests() -> None:
     with pytest.raises(ValueError, match="no requests"):
         departures.fit(departures.Sample.of(np.array([], np.int64), np.array([], bool)))
+
+
+def test_departed_replicas_age_out_instead_of_keeping_a_share() -> None:
+    """Five replicas x 600 completions, all gone: they held 3,000 samples for good, with none live."""
+    est = WorkloadEstimator(window=500, update_every=100, min_samples=30)
+    for r in range(5):
+        for i in range(600):
+            est.observe(CompletionRecord(10, 20 + i % 40, FinishReason.STOP, seq=i), f"r{r}")
+    for r in range(5):
+        est.forget(f"r{r}")
+    assert est.n_samples == est.sample().size == 500  # a window of them, still evidence of the workload
+    assert est.update() is not None
+    for i in range(500):
+        est.observe(CompletionRecord(10, 80, FinishReason.STOP, seq=i), "new")
+    assert est.n_samples == 500 and est.state().departed == []  # displaced, one by one
+    assert est.update().mu_o == pytest.approx(80)
