@@ -196,9 +196,8 @@ class FleetController:
                 state.concurrency, state.mode_switches = saved.concurrency, saved.mode_switches
                 state.next_completion, state.next_step = saved.next_completion, saved.next_step
                 state.dropped_completions, state.dropped_steps = saved.dropped.completions, saved.dropped.steps
-        # the replica's next batch starts where it says: below the cursor (a new process under the same id,
-        # counting from 0) its records would be taken for duplicates; above it (this controller restored
-        # state older than what the replica had delivered) for a jump
+        # the replica's next batch starts where it says: below the cursor (a new process under the same id) its
+        # records would be duplicates; above it (state restored from before its last pushes), a jump
         if registration.completions_from >= 0:
             state.next_completion = registration.completions_from
         if registration.steps_from >= 0:
@@ -290,10 +289,10 @@ class FleetController:
         replica.dropped_steps += batch.dropped_steps
         if batch.stats is not None:
             replica.engine_stats = batch.stats
-        completions = self._fresh(
-            replica, "next_completion", batch.completions, batch.completions_from, batch.dropped_completions
+        completions = replica_work.fresh(
+            self.rejected, replica, "next_completion", batch.completions, batch.completions_from, batch.dropped_completions
         )
-        steps = self._fresh(replica, "next_step", batch.steps, batch.steps_from, batch.dropped_steps)
+        steps = replica_work.fresh(self.rejected, replica, "next_step", batch.steps, batch.steps_from, batch.dropped_steps)
         replica_work.absorb_completions(self.received, self.workload, replica.replica_id, completions)
         running = None if batch.running_total < 0 else batch.running  # < 0: not reported
         self._attribute_latency(replica, running_mode, completions, running or ())
@@ -349,30 +348,6 @@ class FleetController:
         if self._cold_switch(replica):
             return "cold"
         return None
-
-    def _fresh(self, replica: ReplicaState, cursor: str, records: list, start: int, dropped: int) -> list:
-        """The records of one kind the controller does not have yet.
-
-        ``start`` is the replica's running index of the batch's first record (-1: not
-        tracked by this sender); records below the replica's cursor arrived before (a
-        push that timed out at the replica and was delivered late) and are counted as
-        ``duplicate``. The index moves past the cursor only by records the replica's
-        outbox dropped, which the same batch reports (``dropped``); a batch that skips
-        further is not this replica's next one (a corrupt or forged index), and moving
-        the cursor there would take every real record after it for a duplicate. Its
-        records are rejected as ``cursor_jump`` and the cursor stays.
-        """
-        if start < 0:
-            return records
-        seen = getattr(replica, cursor)
-        if seen >= 0 and start > seen + dropped:
-            self.rejected["cursor_jump"] += len(records)
-            return []
-        skip = min(len(records), max(0, seen - start)) if seen >= 0 else 0
-        if skip:
-            self.rejected["duplicate"] += skip
-        setattr(replica, cursor, max(seen, start + len(records)))
-        return records[skip:]
 
     def _concurrency_moved(self, replica: ReplicaState) -> bool:
         """The replica's load left the range its last plan was made for (k and the EB/MB choice depend on it).
@@ -514,8 +489,17 @@ class FleetController:
         )
 
     def _effective(self, replica: ReplicaState) -> ThresholdUpdate:
+        """The planner's thresholds with the overrides applied, N held to what this replica can run: an override
+        was checked against the replicas of its day, and one registered since may declare fewer slots or less KV
+        (N stops at its max_num_seqs and, unless forced, at its KV-safe maximum, as set_override requires)."""
         base = replica.planner.update_for(replica.mode, self.version)
-        return self.overrides.apply(replica.replica_id, base)
+        pinned = self.overrides.apply(replica.replica_id, base)
+        limit = replica.facts.max_num_seqs
+        if not self.overrides.forced(replica.replica_id):
+            limit = min(limit, self.kv_safe_n(replica))
+        if pinned.n > limit:
+            pinned = pinned.replace(n=limit, k=min(pinned.k, limit))
+        return pinned
 
     def thresholds(self, replica_id: str) -> ThresholdUpdate | None:
         """The replica's current thresholds (expired overrides dropped first)."""
@@ -548,6 +532,9 @@ class FleetController:
             raise OverrideError("replica", f"unknown replica {replica_id!r}")
         chosen = self.replicas.values() if replica_id == FLEET else [self.replicas[replica_id]]
         targets = [Target(r.replica_id, r.facts.max_num_seqs, self.kv_safe_n(r), r.current.n) for r in chosen]
+        if not targets:  # no replica yet: the configured bound stands in for what they will declare
+            bound = self.config.planner.max_num_seqs
+            targets = [Target("(none registered yet: controller.planner.max_num_seqs)", bound, bound, bound)]
         self.overrides.set(replica_id, targets, mode=mode, k=k, n=n, ttl_s=ttl_s, force=force)
         return self._bump(f"override {replica_id}")
 

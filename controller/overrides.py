@@ -35,6 +35,8 @@ class Override:
     k: int | None = None
     n: int | None = None
     expires_at: float | None = None
+    #: set with ``force``: N may exceed the KV-safe maximum (not max_num_seqs) of replicas that register later too
+    force: bool = False
 
     def apply(self, base: ThresholdUpdate) -> ThresholdUpdate:
         """``base`` with this pin applied.
@@ -113,8 +115,16 @@ class Overrides:
             if k is not None and not 1 <= k <= n_eff:
                 raise OverrideError("k", f"must be in [1, n={n_eff}], got {k}")
         expires = None if ttl_s is None else self.clock() + ttl_s
-        self.items[key] = Override(mode=mode, k=k, n=n, expires_at=expires)
+        self.items[key] = Override(mode=mode, k=k, n=n, expires_at=expires, force=force)
         return self.items[key]
+
+    def forced(self, replica_id: str) -> bool:
+        """Whether the override that sets ``replica_id``'s N was set with ``force``."""
+        for key in (replica_id, FLEET):
+            override = self.items.get(key)
+            if override is not None and override.n is not None:
+                return override.force
+        return False
 
     def clear(self, key: str) -> bool:
         return self.items.pop(key, None) is not None

@@ -64,6 +64,30 @@ def absorb_steps(received: Counter[str], replica: ReplicaState, records: Sequenc
     replica.load_tokens += tokens
 
 
+def fresh(rejected: Counter[str], replica: ReplicaState, cursor: str, records: list, start: int, dropped: int) -> list:
+    """The records of one kind the controller does not have yet.
+
+    ``start`` is the replica's running index of the batch's first record (-1: not
+    tracked by this sender); records below the replica's cursor arrived before (a
+    push that timed out at the replica and was delivered late) and are counted as
+    ``duplicate``. The index passes the cursor only by records the replica's outbox
+    dropped, which the batch reports (``dropped``); one that skips further (a corrupt
+    or forged index) would make every later real record a duplicate: its records are
+    rejected as ``cursor_jump`` and the cursor stays.
+    """
+    if start < 0:
+        return records
+    seen = getattr(replica, cursor)
+    if seen >= 0 and start > seen + dropped:
+        rejected["cursor_jump"] += len(records)
+        return []
+    skip = min(len(records), max(0, seen - start)) if seen >= 0 else 0
+    if skip:
+        rejected["duplicate"] += skip
+    setattr(replica, cursor, max(seen, start + len(records)))
+    return records[skip:]
+
+
 def refits(replicas: Sequence[ReplicaState], update: int, every: int) -> set[str]:
     """The replicas whose cost model update number ``update`` refits: about 1/``every`` of the fleet
     (staggered by ordinal), none without a new step since its last refit (the fit would be the same), and

@@ -302,3 +302,32 @@ def test_cold_auto_replica_leaves_mb_when_the_prior_prefers_eb_for_any_workload(
     assert current == {"busy": (Mode.EB, 1), "idle": (Mode.MB, 1), "pinned": (Mode.MB, 1)}
     fc.ingest(batch("busy", (), (StepRecord(512, 0, 900, 1148, 0.1),)))
     assert fc.version == 1  # decided once
+
+
+def test_a_fleet_override_set_before_any_replica_is_checked_against_the_configured_bound() -> None:
+    """set_override('*', n=1_000_000) with no replica registered was accepted unchecked."""
+    fc = FleetController(ControllerConfig(planner={"max_num_seqs": 128}))
+    with pytest.raises(OverrideError, match=r"n: 1000000 exceeds max_num_seqs 128 .*controller.planner.max_num_seqs"):
+        fc.set_override("*", n=1_000_000)
+    fc.set_override("*", n=96)
+    assert fc.overrides.get("x").n == 96
+
+
+def test_a_replica_registered_after_an_override_gets_an_n_it_can_run() -> None:
+    """A 64-slot replica registering under a fleet pin of N = 96 ran N = 96 (the scheduler clamped it, the
+    controller's KV check never saw it); now N stops at its max_num_seqs, or its KV-safe N unless forced."""
+    fc = FleetController(ControllerConfig(planner={"max_num_seqs": 128}))
+    fc.set_override("*", n=96, k=80)
+    update = fc.register(registration("small", max_num_seqs=64))
+    assert (update.n, update.k) == (64, 64)
+    big = fc.register(registration("big", max_num_seqs=256))
+    assert big.n == 96  # within what it declared: the pin holds
+
+
+def test_an_override_n_stops_at_a_later_replicas_kv_safe_n_unless_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    fc = FleetController(ControllerConfig(planner={"max_num_seqs": 128}))
+    fc.set_override("*", n=96)
+    monkeypatch.setattr(fc, "kv_safe_n", lambda replica: 40)  # what its last plan found memory-safe
+    assert fc.register(registration("kv", max_num_seqs=256)).n == 40
+    fc.set_override("*", n=96, force=True)
+    assert fc.thresholds("kv").n == 96

@@ -97,6 +97,8 @@ def test_the_hand_written_snapshot_resumes_and_is_written_back_the_same() -> Non
     # every field, as the models write it, plus the fields added since, at their defaults
     written = json.loads(fleet.state().model_dump_json())
     assert written["workload"].pop("departed") == []  # the windows of replicas that left (none then)
+    pins = [*written["overrides"].values(), *(d["override"] for d in written["history"] if d.get("override"))]
+    assert pins and all(pin.pop("force") is False for pin in pins)  # overrides remember force (none then)
     assert written == HAND_WRITTEN
     assert set(fleet.saved) == {"rep-a", "rep-b", "rep-c", "rep-d"} and "rep-b" in fleet.overrides.items
     saved = HAND_WRITTEN["replicas"]["rep-c"]["last_plan"]
