@@ -293,6 +293,7 @@ class FleetController:
             self.rejected, replica, "next_completion", batch.completions, batch.completions_from, batch.dropped_completions
         )
         steps = replica_work.fresh(self.rejected, replica, "next_step", batch.steps, batch.steps_from, batch.dropped_steps)
+        completions = replica_work.plausible(self.rejected, replica.facts, completions)
         replica_work.absorb_completions(self.received, self.workload, replica.replica_id, completions)
         running = None if batch.running_total < 0 else batch.running  # < 0: not reported
         self._attribute_latency(replica, running_mode, completions, running or ())

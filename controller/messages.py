@@ -218,7 +218,12 @@ class CompletionRecord(Message, frozen=True, array_like=True, gc=False):
 
     def problem(self) -> str | None:
         """The rule its fields' bounds cannot state alone (the reason it is refused), or ``None``:
-        only an abort or an error leaves with no output token."""
+        only an abort or an error leaves with no output token, and no request produces more than
+        its ``max_tokens`` or finds more of its prompt cached than it has."""
+        if self.max_tokens and self.output_len > self.max_tokens:
+            return "implausible"  # more output than the request could produce
+        if self.cached_tokens > self.input_len:
+            return "implausible"
         if self.output_len or self.finish in _NO_OUTPUT:
             return None
         return "out_of_range"
@@ -281,6 +286,7 @@ class EngineFacts(Message, frozen=True):
     device: str = ""
     block_size: int = 16
     max_num_batched_tokens: int = 0  # the token budget per step (0: not reported)
+    max_model_len: int = 0  # the longest prompt + output a request may have (0: not reported)
 
 
 class EngineStats(Message, frozen=True, omit_defaults=True):

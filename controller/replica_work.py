@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ebplus.controller.estimator import WorkloadEstimator
-from ebplus.controller.messages import CompletionRecord, FinishReason, StepRecord
+from ebplus.controller.messages import CompletionRecord, EngineFacts, FinishReason, StepRecord
 from ebplus.controller.stats import STEP_SECONDS_BUCKETS, Histogram
 
 if TYPE_CHECKING:
@@ -62,6 +62,18 @@ def absorb_steps(received: Counter[str], replica: ReplicaState, records: Sequenc
         c = demand if c is None else c + alpha * (demand - c)
     replica.concurrency = c
     replica.load_tokens += tokens
+
+
+def plausible(rejected: Counter[str], facts: EngineFacts, records: list[CompletionRecord]) -> list[CompletionRecord]:
+    """The completions a replica that declared ``facts`` can have produced: none longer, prompt and output
+    together, than its ``max_model_len`` (the others counted ``implausible``)."""
+    limit = facts.max_model_len
+    if not limit or not records:
+        return records
+    kept = [r for r in records if r.input_len + r.output_len <= limit]
+    if len(kept) < len(records):
+        rejected["implausible"] += len(records) - len(kept)
+    return kept
 
 
 def fresh(rejected: Counter[str], replica: ReplicaState, cursor: str, records: list, start: int, dropped: int) -> list:

@@ -42,6 +42,7 @@ REJECT_REASONS = (
     "bad_version",  # a message of a wire version this controller does not speak
     "duplicate",  # a record the controller already has (a timed-out push delivered late)
     "cursor_jump",  # records whose index skips past what the replica can have dropped (the cursor stays)
+    "implausible",  # beyond what the request or its replica declared (max_tokens, max_model_len)
 )
 
 #: What an unusable envelope field is counted as (any other: ``bad_batch``).

@@ -117,6 +117,7 @@ class EBPlusScheduler(Scheduler):
             device=_device_name(),
             block_size=int(self.block_size),
             max_num_batched_tokens=int(self.max_num_scheduled_tokens),
+            max_model_len=int(self.vllm_config.model_config.max_model_len),
         )
         self._next_seq = 0
         self._seq: dict[str, int] = {}  # request id -> arrival order at this engine

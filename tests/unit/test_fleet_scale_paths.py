@@ -49,6 +49,10 @@ good_completion = st.builds(
     st.integers(-1, 10**6),
     st.integers(0, 5000),
     st.integers(0, 5000),
+).map(  # plausible too: no more output than its max_tokens (0: unknown), no more cached than its prompt
+    lambda r: msgspec.structs.replace(
+        r, max_tokens=r.max_tokens and max(r.max_tokens, r.output_len), cached_tokens=min(r.cached_tokens, r.input_len)
+    )
 )
 any_completion = st.builds(CompletionRecord, ints, ints, finishes, ints, ints, ints)
 

@@ -400,6 +400,7 @@ def test_step_records_and_facts_match_what_the_scheduler_did(model: Path) -> Non
         8,
         32,
     )
+    assert facts.max_model_len == 512  # the controller rejects completions longer than that
 
 
 # -- run-time control --------------------------------------------------------------

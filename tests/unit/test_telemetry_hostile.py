@@ -312,6 +312,21 @@ def test_a_controller_restored_from_older_state_follows_the_replica_up() -> None
     assert resumed.received["completions"] == 30 + 5 and resumed.rejected["cursor_jump"] == 0
 
 
+def test_records_beyond_what_was_declared_are_rejected_as_implausible() -> None:
+    """Plausibility was absolute only: output_len 9,999,999 with max_tokens = 5 was taken as a sample."""
+    fc = FleetController(ControllerConfig(update_every=10, first_update=10, min_samples=10))
+    reg = registration("r0")
+    fc.register(msgspec.structs.replace(reg, facts=msgspec.structs.replace(reg.facts, max_model_len=2048)))
+    ok = CompletionRecord(100, 5, FinishReason.LENGTH, 0, 5)
+    fc.ingest(batch("r0", [
+        ok,
+        msgspec.structs.replace(ok, output_len=9_999_999),  # more than its max_tokens
+        msgspec.structs.replace(ok, cached_tokens=101),  # more cached than its prompt
+        CompletionRecord(2000, 100, FinishReason.STOP, 1),  # longer than the model's length
+    ]))  # fmt: skip
+    assert fc.received["completions"] == 1 and fc.rejected["implausible"] == 3
+
+
 def test_actor_ingest_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Even a bug in ingestion answers with thresholds and counts the batch, never an exception."""
     actor = ControllerActor(ControllerConfig(update_every=10, state_dir=str(tmp_path)), housekeeping=False)
