@@ -30,6 +30,7 @@ import asyncio
 import gc
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -54,6 +55,10 @@ ACTOR_NAME = "ebplus-controller"
 SMALL_FLEET = 8
 NAMESPACE = "ebplus"
 STATE_KEY = b"ebplus-controller-state"
+#: How long an operator's read (``/metrics`` scrapes, ``/admin`` reads) may reuse the fleet's last snapshot, while
+#: no decision changed it: at 256 replicas a snapshot is milliseconds of the event loop that answers the pushes,
+#: and Prometheus, dashboards and scripts together may ask for one many times a second.
+SNAPSHOT_TTL_S = 1.0
 
 logger = logging.getLogger("ebplus.controller")
 
@@ -219,6 +224,8 @@ class ControllerActor:
         self._housekeeping: asyncio.Task | None = None
         self.worker = FleetWorker(lambda: self.fleet, self._persist_changed)
         self._view: FleetSnapshot | None = None
+        self._view_at, self._view_key = -math.inf, (-1, -1, -1)  # when _view was taken (monotonic), of what
+        self._snapshot_json: tuple[tuple[int, int, int], float, str] | None = None  # (_snapshot_key, when, JSON)
         if _in_ray_actor():  # a process of its own (in-process, the host's garbage is not ours to freeze)
             freeze_startup_objects()
 
@@ -342,17 +349,29 @@ class ControllerActor:
     def view(self) -> FleetSnapshot | None:
         """The fleet's snapshot for a synchronous reader on the actor's event loop (the plain-vLLM plugin's
         ``/metrics``): taken now, or while a round of the worker runs, the last one taken (``None``: none yet)."""
-        if not self.worker.running:
-            self._view = self.fleet.snapshot()
+        now = time.monotonic()
+        fresh = self._view is not None and self._view_key == self._snapshot_key() and now - self._view_at < SNAPSHOT_TTL_S
+        if not self.worker.running and not fresh:
+            self._view, self._view_at, self._view_key = self.fleet.snapshot(), now, self._snapshot_key()
         return self._view
 
+    def _snapshot_key(self) -> tuple[int, int, int]:
+        """What a cached snapshot must match: no decision, registration or departure since it was taken."""
+        return self.fleet.version, self.fleet.registrations, len(self.fleet.replicas)
+
     async def snapshot(self) -> str:
+        """The fleet's snapshot as JSON; the last one again within :data:`SNAPSHOT_TTL_S` if no decision came since."""
         self._ensure_housekeeping()
+        cached = self._snapshot_json
+        if cached is not None and cached[0] == self._snapshot_key() and time.monotonic() - cached[1] < SNAPSHOT_TTL_S:
+            return cached[2]
         async with self.worker.lock:
             await self.worker.run(self.fleet.expire_overrides)
             snap = self.fleet.snapshot()
         info = ControllerInfo(started_at=self.started_at, restored=self.restored)
-        return snap.model_copy(update={"controller": info}).model_dump_json()
+        text = snap.model_copy(update={"controller": info}).model_dump_json()
+        self._snapshot_json = (self._snapshot_key(), time.monotonic(), text)
+        return text
 
     async def history(self, limit: int | None = None) -> str:
         async with self.worker.lock:

@@ -208,6 +208,11 @@ class FleetController:
         state.registered = (origin, state.current)
         return state.current
 
+    @property
+    def registrations(self) -> int:
+        """Registrations ever answered (a replica's return counts again)."""
+        return self._registrations
+
     @staticmethod
     def _evidence(cfg: PlannerConfig) -> ModeEvidence:
         return ModeEvidence(cfg.loop.window_steps, cfg.loop.min_steps, cfg.loop.min_phases)
