@@ -22,6 +22,7 @@ tests.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -37,6 +38,8 @@ from ebplus.controller.estimator import Estimate
 from ebplus.controller.overrides import Override
 from ebplus.controller.views import ClearResult, Decision, OverrideResult, RecomputeResult, ReplicaView
 from ebplus.deploy.auth import Secret, bearer_token
+
+logger = logging.getLogger("ray.serve.ebplus")
 
 T = TypeVar("T")
 
@@ -54,9 +57,11 @@ class AdminService:
         try:
             return await fn(self.client)
         except ControllerUnavailable as exc:
+            # why stays in the server's log: Ray's error lines carry the actor's pid, node address and id
+            logger.warning("admin request: controller unavailable: %s", exc)
             raise HTTPException(
                 status_code=503,
-                detail=f"controller unavailable: {exc}",
+                detail="controller unavailable (restarting, paused or gone); retry",
                 headers={"Retry-After": "2"},
             ) from None
 

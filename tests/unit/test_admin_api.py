@@ -151,7 +151,8 @@ def test_metrics_and_admin_agree(actor) -> None:
 
 class DeadTransport:
     async def call(self, method: str, *args, **kwargs):
-        raise ControllerUnavailable("gone")
+        # the first line of a Ray error, as RayTransport passes it on
+        raise ControllerUnavailable("ActorDiedError: The actor died unexpectedly. pid=4242, ip=10.1.2.3, actor_id=9f3a")
 
 
 def test_controller_unavailable_is_503_with_retry_after() -> None:
@@ -161,6 +162,7 @@ def test_controller_unavailable_is_503_with_retry_after() -> None:
     c = TestClient(app)
     r = c.get("/admin/thresholds")
     assert r.status_code == 503 and r.headers["retry-after"] == "2"
+    assert not [w for w in ("pid=", "ip=", "actor_id", "10.1.2.3") if w in r.text], r.text  # the log has them
     assert c.get("/metrics").text.strip().endswith("ebplus_controller_up 0.0")
     assert c.get("/health").json() == {"status": "ok", "controller": False, "version": None}
 

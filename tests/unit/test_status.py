@@ -152,7 +152,7 @@ def test_controller_down_is_degraded_exit_1(monkeypatch, capsys) -> None:
     assert code == 1
     assert "controller DOWN" in out.splitlines()[0]
     assert "problem: the controller does not answer" in out
-    assert "problem: /admin/thresholds answered 503: controller unavailable: gone" in out
+    assert "problem: /admin/thresholds answered 503: controller unavailable (restarting, paused or gone); retry" in out
 
 
 def test_expect_model_missing_is_exit_1(url: str, monkeypatch, capsys) -> None:
