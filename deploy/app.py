@@ -156,7 +156,7 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
         },
     )
     options.pop("autoscaling_config", None)
-    ingress = serve.deployment(ingress_class(cfg.http.max_body_bytes, auth), **options)
+    ingress = serve.deployment(ingress_class(cfg.http.max_body_bytes, auth, cfg.http.cors_allow_origins), **options)
     return ingress.bind(
         llm_deployments=replicas,
         model_cards={model_id: to_model_metadata(model_id, llm) for model_id, llm in llms.items()},

@@ -77,6 +77,12 @@ class HttpSection(_Section):
         "connections over all of them, a proxy Serve is draining included.",
     )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies are refused with 413.")
+    cors_allow_origins: list[str] = Field(
+        default_factory=list,
+        description="Web origins allowed to call the API from a browser ('https://app.example.com'); none by "
+        "default, so a page on another site cannot read /v1, /admin or /metrics. '*' allows every origin, "
+        "without cookies or credentials.",
+    )
     ingress_replicas: int = Field(1, ge=1, description="Replicas of the HTTP ingress deployment.")
     ingress_num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per ingress replica.")
     ingress_resources: CustomResources = Field(

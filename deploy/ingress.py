@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from ray.exceptions import RayActorError
 
@@ -190,13 +191,28 @@ def install_body_crash_handlers(app: FastAPI) -> None:
         app.add_exception_handler(exc_type, body_crash)
 
 
-def make_app(max_body_bytes: int, auth: AuthSection) -> FastAPI:
+def make_app(max_body_bytes: int, auth: AuthSection, cors_allow_origins: Sequence[str] = ()) -> FastAPI:
     """The FastAPI app behind the ingress: Ray's OpenAI app, our routes, our guards.
 
     Secrets are loaded in the serving process on first use (see ``ApiKeyGuard``),
     never at build time, so they do not travel with the pickled app.
+
+    Ray's app allows every origin *with credentials* (Starlette then echoes the
+    request's ``Origin``): any web page a user opens could read the API, ``/admin``
+    and ``/metrics`` with the user's network position. Its CORS middleware is taken
+    out; browsers get cross-origin access only from ``cors_allow_origins``.
     """
     app = init()
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not CORSMiddleware]
+    if cors_allow_origins:
+        origins = list(cors_allow_origins)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_credentials="*" not in origins,
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     app.include_router(admin.router)
     # Ray's app answers validation errors OpenAI-style (400); /admin keeps FastAPI's
     # 422 with the offending field's location, as its OpenAPI schema documents.
@@ -219,6 +235,7 @@ def make_app(max_body_bytes: int, auth: AuthSection) -> FastAPI:
     return app
 
 
-def ingress_class(max_body_bytes: int, auth: AuthSection) -> type:
+def ingress_class(max_body_bytes: int, auth: AuthSection, cors_allow_origins: Sequence[str] = ()) -> type:
     """The Serve ingress class (``@serve.ingress`` applied) with OpenAI and admin routes."""
-    return make_fastapi_ingress(EBPlusIngress, endpoint_map=OPENAI_ENDPOINTS, app=make_app(max_body_bytes, auth))
+    app = make_app(max_body_bytes, auth, cors_allow_origins)
+    return make_fastapi_ingress(EBPlusIngress, endpoint_map=OPENAI_ENDPOINTS, app=app)

@@ -194,6 +194,21 @@ def test_full_ingress_app_refuses_hostile_bodies_before_the_handlers() -> None:
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"]
 
 
+def test_no_cross_origin_access_unless_allowed() -> None:
+    """Ray's app echoed any Origin with credentials allowed: any web page could read /admin, /metrics, /v1."""
+    from ebplus.deploy.ingress import make_app
+
+    auth = AuthSection(api_key_env="EBPLUS_TEST_UNSET_KEY")
+    evil = {"origin": "https://evil.example", "access-control-request-method": "GET"}
+    closed = TestClient(make_app(1 << 20, auth))
+    for r in (closed.get("/metrics", headers=evil), closed.options("/admin/thresholds", headers=evil)):
+        assert "access-control-allow-origin" not in r.headers and "access-control-allow-credentials" not in r.headers
+    allowed = TestClient(make_app(1 << 20, auth, ["https://app.example"]))
+    ok = allowed.get("/metrics", headers={"origin": "https://app.example"})
+    assert ok.headers["access-control-allow-origin"] == "https://app.example"
+    assert "access-control-allow-origin" not in allowed.get("/metrics", headers=evil).headers
+
+
 @pytest.mark.parametrize("chunks_before", [0, 2])
 def test_replica_death_becomes_a_503_error_not_a_500_or_a_cut_stream(monkeypatch: pytest.MonkeyPatch, chunks_before: int) -> None:
     """The ingress turns ActorDiedError under a request into an OpenAI error with code 503.
