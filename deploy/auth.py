@@ -36,13 +36,20 @@ class Secret:
 
 
 def load_secret(env_name: str, file_path: str | None) -> Secret:
-    """The file wins over the environment; surrounding whitespace is stripped."""
+    """The file wins over the environment; surrounding whitespace is stripped.
+
+    A configured file must hold a secret: one that cannot be read, or is empty (a Secret
+    mounted with the wrong key, a template that rendered nothing), raises ``ValueError``
+    instead of leaving the routes it guards open.
+    """
     if file_path:
         try:
             text = Path(file_path).read_text().strip()
         except OSError as exc:
             raise ValueError(f"cannot read secret file {file_path}: {exc.strerror}") from None
-        return Secret(text or None, f"file {file_path}")
+        if not text:
+            raise ValueError(f"secret file {file_path} is empty")
+        return Secret(text, f"file {file_path}")
     value = os.environ.get(env_name, "").strip()
     return Secret(value or None, f"env {env_name}")
 

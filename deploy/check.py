@@ -38,6 +38,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from ebplus.deploy import sources
+from ebplus.deploy.auth import load_secret
 from ebplus.deploy.config import ServeConfig
 from ebplus.keys import did_you_mean
 from ebplus.replicas.config import lora_local_dir
@@ -71,9 +72,27 @@ def check_config(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> list
     findings = check_model(cfg, env)
     findings += check_engine(cfg, engine_fields())
     findings += check_model_len(cfg, env)
+    findings += check_auth(cfg, env)
     if cfg.ray.address is None:  # this machine is the cluster
         findings += check_devices(cfg)
         findings += check_lora(cfg)
+    return findings
+
+
+def check_auth(cfg: ServeConfig, env: Mapping[str, str]) -> list[Finding]:
+    """A configured secret file must be readable and hold a secret; no secret at all is a note."""
+    auth, findings = cfg.auth, []
+    for field, env_name, path, unset in (
+        ("auth.admin_token_file", auth.admin_token_env, auth.admin_token_file, "/admin reads open, mutations disabled"),
+        ("auth.api_key_file", auth.api_key_env, auth.api_key_file, "/v1 open to anyone who can reach it"),
+    ):
+        if path:
+            try:
+                load_secret(env_name, path)
+            except ValueError as exc:
+                findings.append(Finding(field, str(exc)))
+        elif not env.get(env_name, "").strip():
+            findings.append(Finding(field.removesuffix("_file") + "_env", f"{env_name} is not set here: {unset}", False))
     return findings
 
 

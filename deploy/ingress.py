@@ -78,7 +78,14 @@ class EBPlusIngress(OpenAiIngress):
             llm_deployments, model_cards, lora_paths=lora_paths, _get_lora_model_metadata_func=lora.adapter_metadata
         )
         self._stall_timeout_s = stall_timeout_s
+        # both credentials are read here, at the ingress' start in its own process, so a secret file that
+        # cannot be read or is empty fails the deployment instead of leaving its routes open
         admin_token = load_secret(auth.admin_token_env, auth.admin_token_file)
+        api_key = load_secret(auth.api_key_env, auth.api_key_file)
+        if not api_key.configured:
+            logger.warning("no API key in %s: /v1 answers anyone who can reach it", api_key.source)
+        if not admin_token.configured:
+            logger.warning("no admin token in %s: /admin reads are open, mutations disabled", admin_token.source)
         admin.install_service(AdminService(ControllerClient(RayTransport()), admin_token, model_id))
 
     async def models(self) -> ModelList:

@@ -75,6 +75,29 @@ def test_secret_sources_and_redaction(tmp_path: Path, monkeypatch: pytest.Monkey
         load_secret("T_ENV", str(tmp_path / "missing"))
 
 
+
+def test_an_empty_secret_file_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty admin_token_file yielded no secret: /admin reads open, as if none were configured."""
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    monkeypatch.setenv("T_ENV", "from-env")  # the file wins: an empty one does not fall back either
+    with pytest.raises(ValueError, match=f"secret file {empty} is empty"):
+        load_secret("T_ENV", str(empty))
+
+
+def test_check_names_an_unusable_secret_file_and_notes_a_missing_secret(tmp_path: Path) -> None:
+    from ebplus.deploy.check import check_auth
+    from ebplus.deploy.config import parse_config
+
+    (tmp_path / "token").write_text("")
+    cfg = parse_config({"auth": {"admin_token_file": str(tmp_path / "token"), "api_key_file": str(tmp_path / "nope")}})
+    found = {f.field: (f.error, f.message) for f in check_auth(cfg, {})}
+    assert found["auth.admin_token_file"] == (True, f"secret file {tmp_path / 'token'} is empty")
+    assert found["auth.api_key_file"][0] and "cannot read secret file" in found["auth.api_key_file"][1]
+    notes = {f.field: f for f in check_auth(parse_config({}), {"EBPLUS_ADMIN_TOKEN": "t"})}
+    assert list(notes) == ["auth.api_key_env"] and not notes["auth.api_key_env"].error
+
+
 @pytest.mark.parametrize(
     ("header", "token"),
     [("Bearer abc", "abc"), ("bearer abc", "abc"), ("Basic abc", None), ("Bearer ", None), (None, None), ("abc", None)],
