@@ -88,5 +88,8 @@ def test_named_actor_restarts_and_resumes(ray_local) -> None:
 
     # a bad batch is counted, never crashes the actor
     assert ray.get(get_controller().ingest.remote(encode(TelemetryBatch(replica_id="ghost")))) is None
-    assert snapshot(get_controller()).rejected["unknown_replica"] == 1
+    counted = wait_until(  # reads within SNAPSHOT_TTL_S of the last one share its snapshot
+        "the ghost batch counted", lambda: snapshot(get_controller()).rejected.get("unknown_replica"), 5
+    )
+    assert counted == 1
     ray.kill(get_controller(), no_restart=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from ebplus.controller.actor import SNAPSHOT_TTL_S
 from harness.cluster import Cluster
 from harness.deployment import Deployment
 
@@ -154,8 +155,10 @@ def scenario_bad_telemetry(dep: Deployment, cluster: Cluster) -> dict:
         b"not a batch at all",
         msgspec.msgpack.encode({"wire": 99, "replica_id": rid}),  # a wire version from the future
     ]
+    time.sleep(SNAPSHOT_TTL_S)  # reads closer together than this may share one snapshot: both are fresh
     before = cluster.snapshot()
     replies = [ray.get(cluster.controller().ingest.remote(b), timeout=10) for b in batches]
+    time.sleep(SNAPSHOT_TTL_S)
     after = cluster.snapshot()
     rejected = {k: after["rejected"].get(k, 0) - before["rejected"].get(k, 0) for k in after["rejected"]}
     return {
