@@ -65,9 +65,10 @@ class ProfilePlan:
     seed: int = 0
     #: rounds added, one at a time, while a step kind still cannot be fitted: the lower envelope
     #: of a busy machine's steps can leave the mixed fit unusable after the planned rounds (one
-    #: quick profile in six on a 2-core box with a second process busy), and another repeat of
-    #: every shape is what cleans it
-    extra_rounds: int = 2
+    #: quick profile in six on a 2-core box with a second process busy; a quick CPU runbook in a
+    #: clean-clone CI run still after two extra), and another repeat of every shape is what cleans
+    #: it (a quick round is about a second)
+    extra_rounds: int = 4
 
 
 QUICK_PLAN = ProfilePlan(
