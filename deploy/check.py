@@ -41,7 +41,7 @@ from ebplus.deploy import sources
 from ebplus.deploy.auth import load_secret
 from ebplus.deploy.config import ServeConfig
 from ebplus.keys import did_you_mean
-from ebplus.replicas.config import lora_local_dir
+from ebplus.replicas.config import lora_local_adapters, lora_local_dir
 
 #: Engine arguments ``engine.extra`` must not carry: EB+ Serve sets them (from other keys).
 RESERVED = {
@@ -106,7 +106,7 @@ def check_lora(cfg: ServeConfig) -> list[Finding]:
         return []
     if not base.is_dir():
         return [Finding(field, f"{base} is not a directory")]
-    found = sorted(entry.name for entry in base.iterdir() if (entry / "adapter_config.json").is_file())
+    found = lora_local_adapters(base)
     if not found:
         return [Finding(field, f"{base} holds no adapter (a folder with adapter_config.json)", error=False)]
     return [Finding(field, f"adapters {', '.join(found)} in {base}", error=False)]

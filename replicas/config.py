@@ -32,6 +32,8 @@ class _Section(BaseModel):
 #: Where Ray Serve LLM downloads adapters from (its own loader); a local directory is read in place.
 REMOTE_LORA_SCHEMES = ("s3://", "gs://", "abfss://", "azure://")
 LORA_FILE_SCHEME = "file://"
+#: The file that makes a folder an adapter (PEFT's, and Ray Serve LLM's ``LORA_ADAPTER_CONFIG_NAME``).
+LORA_ADAPTER_CONFIG = "adapter_config.json"
 
 
 class LoraSection(_Section):
@@ -68,6 +70,13 @@ def lora_local_dir(path: str) -> Path | None:
     if path.startswith(LORA_FILE_SCHEME):
         path = path.removeprefix(LORA_FILE_SCHEME)
     return Path(path) if path.startswith("/") else None
+
+
+def lora_local_adapters(base: Path) -> list[str]:
+    """The adapters of a local directory, sorted: its folders holding an ``adapter_config.json`` (PEFT's layout)."""
+    if not base.is_dir():
+        return []
+    return sorted(entry.name for entry in base.iterdir() if (entry / LORA_ADAPTER_CONFIG).is_file())
 
 
 class EngineSection(_Section):

@@ -28,13 +28,12 @@ from fastapi import HTTPException
 
 # NOTE: Ray Serve LLM's LoRA types are private in ray 2.60 (pinned); the injection points are public
 # arguments of LLMServer and OpenAiIngress.
-from ray.llm._internal.common.constants import LORA_ADAPTER_CONFIG_NAME
 from ray.llm._internal.common.models import global_id_manager
 from ray.llm._internal.common.utils.lora_utils import get_base_model_id, get_lora_id, get_lora_model_ids
 from ray.llm._internal.serve.core.configs.llm_config import DiskMultiplexConfig, LoraConfig
 from ray.llm._internal.serve.utils.lora_serve_utils import LoraModelLoader, get_lora_model_metadata
 
-from ebplus.replicas.config import lora_local_dir
+from ebplus.replicas.config import LORA_ADAPTER_CONFIG, lora_local_adapters, lora_local_dir
 
 
 def ray_lora_config(fields: dict[str, Any]) -> LoraConfig:
@@ -48,7 +47,7 @@ def ray_lora_config(fields: dict[str, Any]) -> LoraConfig:
 
 def _adapter_config(folder: Path, model_id: str) -> dict[str, Any]:
     """The adapter's ``adapter_config.json``, or the 404 Ray answers for an adapter it cannot find."""
-    config = folder / LORA_ADAPTER_CONFIG_NAME
+    config = folder / LORA_ADAPTER_CONFIG
     try:
         return json.loads(config.read_text())
     except FileNotFoundError:
@@ -86,11 +85,7 @@ def adapter_ids(base_path: str, base_model_id: str) -> list[str]:
     base = lora_local_dir(base_path)
     if base is None:
         return get_lora_model_ids(dynamic_lora_loading_path=base_path, base_model_id=base_model_id)
-    if not base.is_dir():
-        return []
-    return sorted(
-        f"{base_model_id}:{entry.name}" for entry in base.iterdir() if (entry / LORA_ADAPTER_CONFIG_NAME).is_file()
-    )
+    return [f"{base_model_id}:{name}" for name in lora_local_adapters(base)]
 
 
 class AdapterLoader(LoraModelLoader):
