@@ -34,6 +34,7 @@ KV a request holds of its own do.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import time
 from collections import deque
@@ -267,7 +268,7 @@ class WorkloadEstimator:
         """Each completion that arrives displaces one finished request of the replicas that left, oldest first."""
         while arrived and self._departed:
             w = self._departed[0]
-            for seq in sorted(w.done)[:arrived]:
+            for seq in list(itertools.islice(w.done, arrived)):  # held oldest admission first (see forget)
                 del w.done[seq]
                 arrived -= 1
             if not w.done:  # its running requests were admitted after those: they go with the last of them
@@ -297,7 +298,8 @@ class WorkloadEstimator:
             return
         _, share = self._live()
         lo, recent = _recent(w.done, newest if newest is not None else sorted(w.done)[-share:], share)
-        kept = ReplicaWindow(done=dict(recent), running=[r for r in w.running if r.seq > lo],
+        # ordered by admission once, here: each arriving completion then drops the first (_age_departed)
+        kept = ReplicaWindow(done=dict(sorted(recent)), running=[r for r in w.running if r.seq > lo],
                              running_total=w.running_total)  # fmt: skip
         if kept.done:
             self._departed.append(kept)
@@ -465,4 +467,5 @@ class WorkloadEstimator:
         self.updates = state.updates
         self.estimate = state.estimate
         self.first = state.first
-        self._departed = deque(state.departed)
+        self._departed = deque(ReplicaWindow(dict(sorted(w.done.items())), w.running, w.running_total, w.next_seq)
+                               for w in state.departed)  # fmt: skip
