@@ -30,7 +30,6 @@ import asyncio
 import gc
 import json
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -225,8 +224,8 @@ class ControllerActor:
         self._housekeeping: asyncio.Task | None = None
         self.worker = FleetWorker(lambda: self.fleet, self._persist_changed)
         self._view: FleetSnapshot | None = None
-        self._view_at, self._view_key = -math.inf, (-1, -1, -1)  # when _view was taken (monotonic), of what
-        self._snapshot_json: tuple[tuple[int, int, int], float, str] | None = None  # (_snapshot_key, when, JSON)
+        self._view_taken = self._stamp()  # see _stamp; _view is None until the first read
+        self._snapshot_json: tuple[tuple[tuple[int, int, int], float], str] | None = None  # (_stamp, JSON)
         if _in_ray_actor():  # a process of its own (in-process, the host's garbage is not ours to freeze)
             freeze_startup_objects()
 
@@ -350,28 +349,31 @@ class ControllerActor:
     def view(self) -> FleetSnapshot | None:
         """The fleet's snapshot for a synchronous reader on the actor's event loop (the plain-vLLM plugin's
         ``/metrics``): taken now, or while a round of the worker runs, the last one taken (``None``: none yet)."""
-        now = time.monotonic()
-        fresh = self._view is not None and self._view_key == self._snapshot_key() and now - self._view_at < SNAPSHOT_TTL_S
-        if not self.worker.running and not fresh:
-            self._view, self._view_at, self._view_key = self.fleet.snapshot(), now, self._snapshot_key()
+        if not self.worker.running and not (self._view is not None and self._fresh(self._view_taken)):
+            self._view, self._view_taken = self.fleet.snapshot(), self._stamp()
         return self._view
 
-    def _snapshot_key(self) -> tuple[int, int, int]:
-        """What a cached snapshot must match: no decision, registration or departure since it was taken."""
-        return self.fleet.version, self.fleet.registrations, len(self.fleet.replicas)
+    def _stamp(self) -> tuple[tuple[int, int, int], float]:
+        """What a snapshot taken now is of (decisions, registrations, replicas) and when (monotonic)."""
+        return (self.fleet.version, self.fleet.registrations, len(self.fleet.replicas)), time.monotonic()
+
+    def _fresh(self, taken: tuple[tuple[int, int, int], float]) -> bool:
+        """Whether a snapshot stamped ``taken`` may answer a read now: nothing decided, registered or
+        departed since, and younger than :data:`SNAPSHOT_TTL_S`."""
+        key, at = self._stamp()
+        return taken[0] == key and at - taken[1] < SNAPSHOT_TTL_S
 
     async def snapshot(self) -> str:
         """The fleet's snapshot as JSON; the last one again within :data:`SNAPSHOT_TTL_S` if no decision came since."""
         self._ensure_housekeeping()
-        cached = self._snapshot_json
-        if cached is not None and cached[0] == self._snapshot_key() and time.monotonic() - cached[1] < SNAPSHOT_TTL_S:
-            return cached[2]
+        if self._snapshot_json is not None and self._fresh(self._snapshot_json[0]):
+            return self._snapshot_json[1]
         async with self.worker.lock:
             await self.worker.run(self.fleet.expire_overrides)
             snap = self.fleet.snapshot()
         info = ControllerInfo(started_at=self.started_at, restored=self.restored)
         text = snap.model_copy(update={"controller": info}).model_dump_json()
-        self._snapshot_json = (self._snapshot_key(), time.monotonic(), text)
+        self._snapshot_json = (self._stamp(), text)
         return text
 
     async def history(self, limit: int | None = None) -> str:
