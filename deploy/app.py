@@ -13,7 +13,7 @@ ingress.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,14 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
         model_id=cfg.model.id,
         # a replica heartbeats every fifth of its own stall_timeout_s: the longest one is safe for all
         stall_timeout_s=max(m.replicas.stall_timeout_s for m in models),
+        progress_timeout_s=_longest(m.replicas.progress_timeout_s for m in models),
     )
+
+
+def _longest(values: Iterable[float | None]) -> float | None:
+    """The most lenient of the models' deadlines (``None``, no deadline, if any model has none)."""
+    values = list(values)
+    return None if any(v is None for v in values) else max(v for v in values if v is not None)
 
 
 def build_app(args: dict) -> Any:

@@ -23,6 +23,9 @@ from ebplus.replicas.config import EngineSection, LoraSection, ReplicaSection, S
 
 BUILTIN_MODELS = ("builtin:smollm2", "builtin:tiny")
 
+#: Request bodies larger than this are refused with 413 (both the Ray ingress and the plain-vLLM plugin).
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -76,7 +79,7 @@ class HttpSection(_Section):
         "raylets on one machine share one address and port: use HeadOnly there, since the kernel spreads "
         "connections over all of them, a proxy Serve is draining included.",
     )
-    max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies are refused with 413.")
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024, description="Larger request bodies are refused with 413.")
     cors_allow_origins: list[str] = Field(
         default_factory=list,
         description="Web origins allowed to call the API from a browser ('https://app.example.com'); none by "

@@ -17,7 +17,7 @@ from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
-from ray.exceptions import RayActorError
+from ray.exceptions import ObjectLostError, RayActorError
 
 # NOTE: Ray Serve LLM's public API (ray.serve.llm) where it has the name; private modules only for
 # what it does not export (pinned ray==2.60.0):
@@ -27,12 +27,19 @@ from ray.exceptions import RayActorError
 #   with Ray's OpenAI error handling and request-id middleware, which make_fastapi_ingress uses;
 # * _sanitize_chat_completion_request: the stock ingress' own pre-processing, run early to turn a
 #   500 into a 400;
-# * ModelList: the /v1/models answer, which EBPlusIngress.models builds to list local LoRA adapters.
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ModelList
+# * ModelList: the /v1/models answer, which EBPlusIngress.models builds to list local LoRA adapters;
+# * OpenAIHTTPException: what the stock ingress raises with a status (passed through, not made a 500).
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ModelList,
+    OpenAIHTTPException,
+)
 from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, init
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
+from ray.serve.exceptions import RayServeException
 from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
 from ray.serve.llm.openai_api_models import ErrorResponse
+from starlette.exceptions import HTTPException
 
 from ebplus.controller.actor import RayTransport
 from ebplus.controller.client import ControllerClient
@@ -42,7 +49,7 @@ from ebplus.deploy.auth import load_secret
 from ebplus.deploy.config import AuthSection
 from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit, ErrorResponses, JsonBodyGuard
 from ebplus.replicas import lora
-from ebplus.replicas.heartbeat import ReplicaStalled, without_heartbeats
+from ebplus.replicas.heartbeat import NoProgress, ReplicaStalled, without_heartbeats
 
 logger = logging.getLogger("ray.serve.ebplus")
 
@@ -62,6 +69,7 @@ class EBPlusIngress(OpenAiIngress):
         auth: the ``auth:`` section of the config (env/file names, not secrets).
         model_id: served model name (the ``model`` label of the metrics).
         stall_timeout_s: a replica silent this long (no answer, no heartbeat) is given up on.
+        progress_timeout_s: an answer that has not moved this long after its first item is given up on.
     """
 
     def __init__(
@@ -72,12 +80,14 @@ class EBPlusIngress(OpenAiIngress):
         auth: AuthSection,
         model_id: str,
         stall_timeout_s: float,
+        progress_timeout_s: float | None = None,
         lora_paths: dict[str, str] | None = None,
     ) -> None:
         super().__init__(
             llm_deployments, model_cards, lora_paths=lora_paths, _get_lora_model_metadata_func=lora.adapter_metadata
         )
         self._stall_timeout_s = stall_timeout_s
+        self._progress_timeout_s = progress_timeout_s
         # both credentials are read here, at the ingress' start in its own process, so a secret file that
         # cannot be read or is empty fails the deployment instead of leaving its routes open
         admin_token = load_secret(auth.admin_token_env, auth.admin_token_file)
@@ -102,19 +112,24 @@ class EBPlusIngress(OpenAiIngress):
         return ModelList(data=cards)
 
     async def _get_response(self, **kwargs: Any) -> AsyncGenerator[Any, None]:
-        """The model's answer stream; a replica that dies or goes silent under a request becomes a 503, not a 500 or a hang.
+        """The model's answer stream; whatever fails under a request ends it with an OpenAI error, never a cut or a hang.
 
         Serve re-routes a request whose replica died before accepting it. One that
-        was already running there fails with ``ActorDiedError``, which the stock
-        ingress answers with a 500 - and a stream that had started just stops, with
-        no ``[DONE]`` and no error, so a client takes a cut-off answer for a whole
-        one. A replica whose node was lost may also say nothing at all until Ray
-        declares the node dead; chat and completions are therefore asked of the
-        replica with heartbeats, and a stream silent for ``stall_timeout_s`` is
-        given up on. Either failure becomes an OpenAI error with code 503: before the
-        first chunk a 503 response (with ``Retry-After``: safe to retry, nothing was
-        returned), after it an error event that ends the stream (the OpenAI client
-        raises ``APIError``; what was already streamed is incomplete).
+        was already running there fails with ``ActorDiedError`` (or its result is
+        lost with its node: ``ObjectLostError``), which the stock ingress answers
+        with a 500 - and a stream that had started just stops, with no ``[DONE]``
+        and no error, so a client takes a cut-off answer for a whole one. A replica
+        whose node was lost may also say nothing at all until Ray declares the node
+        dead, and a wedged engine under a live replica says nothing either; chat and
+        completions are therefore asked of the replica with heartbeats, a stream
+        silent for ``stall_timeout_s`` is given up on, and so is one whose answer has
+        not moved for ``progress_timeout_s``. A lost replica becomes code 503
+        (retryable: before the first chunk a 503 response with ``Retry-After``), a
+        stuck one 504, anything else raised on the way (an engine error inside the
+        replica: ``RayTaskError``) 500 with no internals. After the first chunk the
+        error is an event that ends the stream and Ray's stream wrapper adds
+        ``[DONE]`` (the OpenAI client raises ``APIError``; what was already streamed
+        is incomplete).
         """
         problem = _chat_body_problem(kwargs.get("body"))
         if problem is not None:
@@ -124,13 +139,37 @@ class EBPlusIngress(OpenAiIngress):
         if method is None:
             stream = super()._get_response(**kwargs)
         else:
-            stream = without_heartbeats(super()._get_response(**{**kwargs, "call_method": method}), self._stall_timeout_s)
+            stream = without_heartbeats(
+                super()._get_response(**{**kwargs, "call_method": method}),
+                self._stall_timeout_s,
+                self._progress_timeout_s,
+            )
+        started = False
         try:
             async for response in stream:
+                started = True
                 yield response
-        except (RayActorError, ReplicaStalled) as exc:
+        except ANSWERED_UPSTREAM:
+            if started:  # too late for the status it carries: end the stream with it as an error event
+                yield _error("the request failed while streaming; retry the request", "ServiceUnavailable", 503)
+                return
+            raise  # an unknown model (404), Serve's back-pressure (503): answered as they are
+        except REPLICA_LOST as exc:
             logger.warning("replica failed under a request: %s", str(exc).splitlines()[0])
             yield _error("the model replica serving this request failed; retry the request", "ServiceUnavailable", 503)
+        except NoProgress as exc:
+            logger.warning("request given up: %s", exc)
+            yield _error(f"the model replica stopped answering: {exc}", "Timeout", 504)
+        except Exception:
+            logger.exception("request failed in the replica")
+            yield _error("the server failed while answering; the server log has the details", "InternalServerError", 500)
+
+
+#: What a request meets when its replica is gone (its actor died or its node was lost): retryable.
+REPLICA_LOST = (RayActorError, ObjectLostError, ReplicaStalled)
+
+#: Raised with a status the stock ingress and Serve's proxy already answer (routing, back-pressure, cancellation).
+ANSWERED_UPSTREAM = (HTTPException, OpenAIHTTPException, RayServeException)
 
 
 def _error(message: str, kind: str, code: int) -> ErrorResponse:

@@ -10,7 +10,8 @@ through untouched. In request order (``deploy.ingress.make_app`` installs them):
 3. :class:`ApiKeyGuard` - 401 on ``/v1`` without the API key.
 4. :class:`JsonBodyGuard` - a request body must be JSON in UTF-8 without lone
    surrogates or non-finite numbers; otherwise 415/400 (422 on ``/admin``) with the
-   reason, instead of a 500 from deep inside the stack.
+   reason, instead of a 500 from deep inside the stack. It can also run a check of
+   the parsed body (the plain-vLLM plugin's output budget).
 """
 
 from __future__ import annotations
@@ -47,19 +48,29 @@ async def _send_json(send, status: int, message: str, kind: str, headers: list |
 
 
 class BodySizeLimit:
-    """Refuse request bodies larger than ``max_bytes`` with 413, before they are buffered."""
+    """Refuse request bodies larger than ``max_bytes`` with 413, before they are buffered.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    ``max_bytes`` may be a zero-argument callable, read per request: the plain-vLLM
+    plugin installs this before its settings are read.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int | Callable[[], int]) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self._max_bytes = max_bytes
+
+    @property
+    def max_bytes(self) -> int:
+        limit = self._max_bytes
+        return limit() if callable(limit) else limit
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.max_bytes
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await _send_json(send, 413, f"request body exceeds {self.max_bytes} bytes", "payload_too_large")
+            if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+                await _send_json(send, 413, f"request body exceeds {max_bytes} bytes", "payload_too_large")
                 return
         seen = 0
         started = False
@@ -69,7 +80,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     raise _TooLarge
             return message
 
@@ -83,7 +94,7 @@ class BodySizeLimit:
         except _TooLarge:
             if started:  # too late for a clean 413: the response is already under way
                 raise
-            await _send_json(send, 413, f"request body exceeds {self.max_bytes} bytes", "payload_too_large")
+            await _send_json(send, 413, f"request body exceeds {max_bytes} bytes", "payload_too_large")
 
 
 class _TooLarge(Exception):
@@ -166,29 +177,42 @@ def _check_strings(value: object) -> None:
             stack.extend(v)
 
 
-def body_problem(body: bytes, content_type: str | None) -> tuple[int, str] | None:
-    """Why a request body cannot be served as JSON: ``(status, reason)``, or ``None`` if it can.
+#: What :func:`parse_body` answers for a body that is not JSON at all (the application's to refuse).
+NOT_JSON = object()
+
+#: A check of a parsed JSON body by route: ``(path, body) -> reason`` of a 400, or ``None``.
+BodyCheck = Callable[[str, object], str | None]
+
+
+def parse_body(body: bytes, content_type: str | None) -> tuple[tuple[int, str] | None, object]:
+    """``(problem, parsed)``: why a request body cannot be served as JSON (``(status, reason)``,
+    or ``None`` if it can), and its value (:data:`NOT_JSON` when it is not JSON).
 
     Syntax errors are left to the application (it answers them in its own format).
     """
     if not body:
-        return None
+        return None, NOT_JSON
     mime = (content_type or "application/json").split(";")[0].strip().lower()
     if mime != "application/json" and not mime.endswith("+json"):
-        return 415, f"request body must be application/json, got {mime or 'no type'}"
+        return (415, f"request body must be application/json, got {mime or 'no type'}"), NOT_JSON
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return 400, f"request body is not valid UTF-8 (byte {exc.start})"
+        return (400, f"request body is not valid UTF-8 (byte {exc.start})"), NOT_JSON
     try:
         parsed = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
         if _SURROGATE_ESCAPE.search(body):
             _check_strings(parsed)
     except _BadBody as exc:
-        return 400, f"request body: {exc}"
+        return (400, f"request body: {exc}"), NOT_JSON
     except (ValueError, RecursionError):
-        return None  # not JSON at all: the application says so in its own format
-    return None
+        return None, NOT_JSON  # not JSON at all: the application says so in its own format
+    return None, parsed
+
+
+def body_problem(body: bytes, content_type: str | None) -> tuple[int, str] | None:
+    """The problem :func:`parse_body` finds, without the value."""
+    return parse_body(body, content_type)[0]
 
 
 class JsonBodyGuard:
@@ -201,11 +225,17 @@ class JsonBodyGuard:
     bounded by :class:`BodySizeLimit`, so buffering one here is cheap.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, check: BodyCheck | None = None, paths: tuple[str, ...] = ("/",)) -> None:
         self.app = app
+        self.check = check
+        self.paths = paths  # path prefixes guarded (others pass untouched: a form upload, say)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
+        if (
+            scope["type"] != "http"
+            or scope.get("method") not in _BODY_METHODS
+            or not scope.get("path", "").startswith(self.paths)
+        ):
             await self.app(scope, receive, send)
             return
         chunks = []
@@ -218,7 +248,10 @@ class JsonBodyGuard:
                 break
         body = b"".join(chunks)
         content_type = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"content-type"), None)
-        problem = body_problem(body, content_type)
+        problem, parsed = parse_body(body, content_type)
+        if problem is None and self.check is not None and parsed is not NOT_JSON:
+            reason = self.check(scope.get("path", ""), parsed)
+            problem = None if reason is None else (400, reason)
         if problem is not None:
             status, reason = problem
             if scope.get("path", "").startswith("/admin"):

@@ -62,8 +62,10 @@ from ebplus.controller.actor import ControllerActor
 from ebplus.controller.client import ControllerClient, LocalTransport
 from ebplus.deploy import admin
 from ebplus.deploy.auth import load_secret
-from ebplus.deploy.config import AuthSection
+from ebplus.deploy.config import DEFAULT_MAX_BODY_BYTES, AuthSection
+from ebplus.deploy.middleware import BodySizeLimit, JsonBodyGuard
 from ebplus.replicas import settings
+from ebplus.replicas.budget import GENERATING_ROUTES, OutputBudget
 from ebplus.replicas.compat import TopologyError, VllmVersionError, check_api_servers, check_vllm_version
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.control import EngineControl
@@ -80,7 +82,9 @@ PLUGIN_NAME = "ebplus"
 PUSH_TIMEOUT_S = 2.0
 
 #: ``replicas.*`` keys that mean something under plain vLLM (the others size a Ray deployment).
-REPLICA_KEYS = frozenset({"profile", "profiles", "telemetry_interval_s", "telemetry_buffer", "telemetry_sampling"})
+REPLICA_KEYS = frozenset(
+    {"profile", "profiles", "telemetry_interval_s", "telemetry_buffer", "telemetry_sampling", "max_request_output"}
+)
 
 
 class PluginError(RuntimeError):
@@ -100,7 +104,12 @@ class PluginSettings(settings.EngineSettings):
     auth: AuthSection = Field(default_factory=AuthSection, description="Where the admin token comes from.")
     replicas: ReplicaSection = Field(
         default_factory=ReplicaSection,
-        description="Only profile, profiles and the telemetry_* keys apply to one vLLM server.",
+        description="Only profile, profiles, max_request_output and the telemetry_* keys apply to one vLLM server.",
+    )
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_BODY_BYTES,
+        ge=1024,
+        description="Larger request bodies are refused with 413 on every route, before they are read in full.",
     )
 
     @field_validator("replicas")
@@ -209,6 +218,7 @@ class EBPlusRuntime:
             model=model_id,
         )
         self.control = EngineControl(engine_client)
+        self.budget = OutputBudget.for_engine(engine_client.vllm_config, section.max_request_output)
         self.engine_stopped = lambda: bool(engine_client.errored)
         self.metrics = ControllerMetrics(self.controller, model_id)
         self.task: asyncio.Task | None = None
@@ -314,9 +324,28 @@ class EBPlusEndpoint:
         self.runtime: EBPlusRuntime | None = None
 
     def attach_router(self, app: FastAPI) -> None:
-        """Add ``/admin/*``, and run the telemetry loop for as long as the app serves."""
+        """Add ``/admin/*`` and the request guards, and run the telemetry loop for as long as the app serves.
+
+        The guards see every route, vLLM's included: a body over ``max_body_bytes`` is
+        refused before it is read (FastAPI would read a ``PUT /admin/overrides`` body in
+        full before its auth dependency runs, on the serving loop), and a generating
+        request over the output budget is refused before vLLM parses it.
+        """
         app.include_router(admin.admin_router())
+        app.add_middleware(JsonBodyGuard, check=self.check_body, paths=(*GENERATING_ROUTES, "/admin"))
+        app.add_middleware(BodySizeLimit, max_bytes=self.max_body_bytes)  # added last: the outermost
         app.router.lifespan_context = _with_loop(app.router.lifespan_context, self)
+
+    def max_body_bytes(self) -> int:
+        """The configured limit once the settings are read (the default before)."""
+        return DEFAULT_MAX_BODY_BYTES if self.runtime is None else self.runtime.config.max_body_bytes
+
+    def check_body(self, path: str, body: object) -> str | None:
+        """The output budget of a generating request (a 400's reason, or ``None``)."""
+        runtime = self.runtime
+        if runtime is None or path not in GENERATING_ROUTES or not isinstance(body, dict):
+            return None
+        return runtime.budget.problem(body.get)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         """Check the server and build the runtime; a server that cannot run EB+ stops with one line."""

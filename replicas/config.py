@@ -255,6 +255,15 @@ class ReplicaSection(_Section):
     max_queued_requests: int = Field(
         1024, ge=0, description="Requests queued before the API answers 503 with Retry-After (back-pressure)."
     )
+    max_request_output: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "The most output one request may ask for, counted as prompts x n x max_tokens x (1 + logprobs) "
+            "(max_tokens unset: the model's length); a request over it is answered 400 naming the limit before "
+            "the engine sees it. None: the engine's KV cache capacity in tokens (ebplus.replicas.budget)."
+        ),
+    )
     stall_timeout_s: float = Field(
         15.0,
         ge=1,
@@ -264,6 +273,16 @@ class ReplicaSection(_Section):
             "a heartbeat when it takes a request and every heartbeat_s (a fifth of this) while it has nothing "
             "else to send, so silence means it is lost (its node died or was cut off), however long Ray takes to "
             "declare it dead. A request still queued for a free replica is not affected."
+        ),
+    )
+    progress_timeout_s: float | None = Field(
+        120.0,
+        ge=1,
+        description=(
+            "The ingress ends a request whose answer has not moved for this long after its first token, although "
+            "the replica's heartbeats say it is alive (an engine wedged under it): a 504 error event, then [DONE]. "
+            "It must outlast the longest pause a running request can see (a preemption, a long prefill phase). "
+            "None: no deadline."
         ),
     )
     telemetry_interval_s: float = Field(0.5, gt=0, le=60, description="How often a replica pushes telemetry.")

@@ -32,6 +32,10 @@ class ReplicaStalled(Exception):
     """The replica sent nothing, not even a heartbeat, for longer than the stall deadline."""
 
 
+class NoProgress(Exception):
+    """The replica is alive (heartbeats) but its answer has not moved for longer than the progress deadline."""
+
+
 async def with_heartbeats(stream: AsyncIterator[T], every_s: float) -> AsyncIterator[T | str]:
     """``stream``'s items, with :data:`HEARTBEAT` first and whenever ``every_s`` pass without an item.
 
@@ -66,27 +70,44 @@ async def with_heartbeats(stream: AsyncIterator[T], every_s: float) -> AsyncIter
             await aclose()
 
 
-async def without_heartbeats(stream: AsyncIterator[T | str], stall_s: float) -> AsyncIterator[T]:
-    """``stream``'s items without heartbeats; :class:`ReplicaStalled` after ``stall_s`` of silence.
+async def without_heartbeats(
+    stream: AsyncIterator[T | str], stall_s: float, progress_s: float | None = None
+) -> AsyncIterator[T]:
+    """``stream``'s items without heartbeats; :class:`ReplicaStalled` after ``stall_s`` of silence,
+    :class:`NoProgress` after ``progress_s`` of heartbeats only, once the first item came.
 
-    The deadline starts with the replica's first heartbeat (it took the request):
+    The stall deadline starts with the replica's first heartbeat (it took the request):
     before that the request may wait in Serve's queue for a free replica, which is
-    back-pressure, bounded by ``max_queued_requests``, not a lost replica. On a stall
-    the pending read is cancelled (Serve then cancels the request, if the replica is
-    still there to hear it) and ``stream`` is closed.
+    back-pressure, bounded by ``max_queued_requests``, not a lost replica. Heartbeats
+    prove the replica is alive, not that its engine moves: an engine wedged under a
+    stream keeps its heartbeats going, so the progress deadline counts from the last
+    real item instead. It starts with the first one (time to first token is the
+    scheduler's queue, which a prefill-heavy EB phase can make long on purpose). On
+    either deadline the pending read is cancelled (Serve then cancels the request, if
+    the replica is still there to hear it) and ``stream`` is closed.
     """
-    deadline: float | None = None  # none until the replica took the request
+    loop = asyncio.get_running_loop()
+    stall: float | None = None  # none until the replica took the request
+    progress_by: float | None = None  # none until the first item
     try:
         while True:
+            wait = stall
+            if progress_by is not None:
+                left = max(progress_by - loop.time(), 0.0)
+                wait = left if wait is None else min(wait, left)
             try:
-                item = await asyncio.wait_for(anext(stream), deadline)
+                item = await asyncio.wait_for(anext(stream), wait)
             except StopAsyncIteration:
                 return
             except TimeoutError:
+                if progress_by is not None and loop.time() >= progress_by:
+                    raise NoProgress(f"no token from the replica for {progress_s:g} s (heartbeats only)") from None
                 raise ReplicaStalled(f"no answer and no heartbeat from the replica for {stall_s:g} s") from None
-            deadline = stall_s
+            stall = stall_s
             if isinstance(item, str) and item == HEARTBEAT:
                 continue
+            if progress_s is not None:
+                progress_by = loop.time() + progress_s
             yield item
     finally:
         aclose = getattr(stream, "aclose", None)

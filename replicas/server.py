@@ -17,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ray.serve.llm import LLMServer
+from ray.serve.llm.openai_api_models import ErrorResponse
 
 from ebplus.controller.actor import RayTransport
 from ebplus.controller.client import ControllerClient
 from ebplus.controller.messages import Mode
 from ebplus.controller.views import ThresholdsView
+from ebplus.replicas.budget import OutputBudget
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.control import EngineControl
 from ebplus.replicas.heartbeat import with_heartbeats
@@ -60,12 +63,15 @@ class EBPlusServer(LLMServer):
         self._control: EngineControl | None = None
         self._controller = ControllerClient(RayTransport())
         self._loop_task: asyncio.Task | None = None
+        self._budget = OutputBudget(0, 0)  # set at start(), from the engine
         kwargs.setdefault("model_downloader", AdapterLoader)  # adapters from a local directory, too
         await super().__init__(llm_config, **kwargs)
 
     async def start(self) -> None:
         await super().start()
-        self._control = EngineControl(self.engine._engine_client)
+        client = self.engine._engine_client
+        self._budget = OutputBudget.for_engine(client.vllm_config, self._section.max_request_output)
+        self._control = EngineControl(client)
         self._loop_task = asyncio.get_running_loop().create_task(self._telemetry_loop())
 
     async def _telemetry_loop(self) -> None:
@@ -95,6 +101,27 @@ class EBPlusServer(LLMServer):
         await super().__del__()
 
     # -- callable through the deployment handle ------------------------------
+
+    async def chat(self, request: Any, raw_request_info: Any = None) -> Any:
+        """``LLMServer.chat`` for a request within the output budget; a 400 naming the limit otherwise."""
+        refused = self._refuse(request)
+        return refused if refused is not None else await super().chat(request, raw_request_info)
+
+    async def completions(self, request: Any, raw_request_info: Any = None) -> Any:
+        """``LLMServer.completions`` within the output budget, as :meth:`chat`."""
+        refused = self._refuse(request)
+        return refused if refused is not None else await super().completions(request, raw_request_info)
+
+    def _refuse(self, request: Any) -> AsyncIterator[Any] | None:
+        problem = self._budget.problem(lambda name: getattr(request, name, None))
+        if problem is None:
+            return None
+        error = ErrorResponse(error={"message": problem, "type": "BadRequestError", "code": 400})
+
+        async def answer() -> AsyncIterator[Any]:
+            yield error
+
+        return answer()
 
     async def chat_with_heartbeats(self, request: Any, raw_request_info: Any = None) -> Any:
         """``chat`` with :data:`~ebplus.replicas.heartbeat.HEARTBEAT` items while it has nothing to send

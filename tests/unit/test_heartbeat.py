@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ebplus.replicas.heartbeat import HEARTBEAT, ReplicaStalled, with_heartbeats, without_heartbeats
+from ebplus.replicas.heartbeat import HEARTBEAT, NoProgress, ReplicaStalled, with_heartbeats, without_heartbeats
 
 
 async def slow(items: list[str], gap_s: float, closed: list[str]) -> AsyncIterator[str]:
@@ -106,3 +106,47 @@ def test_items_that_look_like_text_pass_through() -> None:
             yield item
 
     assert asyncio.run(collect(without_heartbeats(source(), stall_s=1.0))) == ["data: {}\n\n", [HEARTBEAT, "x"], {"id": 1}]
+
+
+def test_a_wedged_engine_under_a_live_replica_is_given_up_on_after_the_progress_deadline() -> None:
+    """Heartbeats keep coming (the replica lives) but no token does: the progress deadline ends it."""
+    closed: list[str] = []
+
+    async def wedged() -> AsyncIterator[str]:
+        yield HEARTBEAT
+        yield "a"  # the first token ...
+        try:
+            while True:  # ... then heartbeats only
+                await asyncio.sleep(0.02)
+                yield HEARTBEAT
+        finally:
+            closed.append("closed")
+
+    async def run() -> tuple[list, float]:
+        out: list = []
+        started = time.monotonic()
+        with pytest.raises(NoProgress, match="0.3 s"):
+            async for item in without_heartbeats(wedged(), stall_s=0.1, progress_s=0.3):
+                out.append(item)
+        return out, time.monotonic() - started
+
+    out, took = asyncio.run(run())
+    assert out == ["a"] and 0.3 <= took < 1.5 and closed == ["closed"]
+
+
+def test_the_progress_deadline_starts_with_the_first_token_and_moves_with_each() -> None:
+    """A long wait for the first token (an EB prefill phase) and steady tokens after it are not stuck."""
+
+    async def steady() -> AsyncIterator[str]:
+        yield HEARTBEAT
+        await asyncio.sleep(0.4)  # longer than the progress deadline, before the first token
+        yield "a"
+        for item in ("b", "c", "d"):
+            await asyncio.sleep(0.15)  # each gap within it, all of them together beyond it
+            yield HEARTBEAT
+            yield item
+
+    async def run() -> list:
+        return await collect(without_heartbeats(steady(), stall_s=1.0, progress_s=0.3))
+
+    assert asyncio.run(run()) == ["a", "b", "c", "d"]

@@ -256,13 +256,116 @@ def test_replica_death_becomes_a_503_error_not_a_500_or_a_cut_stream(monkeypatch
 
     async def collect() -> list:
         ingress = object.__new__(EBPlusIngress)
-        ingress._stall_timeout_s = 5.0
+        ingress._stall_timeout_s, ingress._progress_timeout_s = 5.0, None
         return [r async for r in ingress._get_response(body=None, call_method="completions")]
 
     out = asyncio.run(collect())
     assert out[:chunks_before] == [f"chunk {i}" for i in range(chunks_before)]
     (err,) = out[chunks_before:]
     assert isinstance(err, ErrorResponse) and err.error.code == 503 and "retry" in err.error.message
+
+
+def _failing_stream(monkeypatch: pytest.MonkeyPatch, chunks_before: int, exc: BaseException) -> list:
+    """What the EB+ ingress answers when the replica's stream raises ``exc`` after ``chunks_before`` chunks,
+    as the client gets it: through Ray's SSE wrapper (which adds ``[DONE]`` once the stream ends)."""
+    import asyncio
+
+    from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
+    from ray.llm._internal.serve.core.ingress.utils import _openai_json_wrapper
+
+    from ebplus.deploy.ingress import EBPlusIngress
+
+    async def failing(self, **kwargs):
+        for i in range(chunks_before):
+            yield f"data: chunk {i}\n\n"
+        raise exc
+
+    monkeypatch.setattr(ray_ingress.OpenAiIngress, "_get_response", failing)
+
+    async def collect() -> list:
+        ingress = object.__new__(EBPlusIngress)
+        ingress._stall_timeout_s, ingress._progress_timeout_s = 5.0, None
+        return [r async for r in _openai_json_wrapper(ingress._get_response(body=None, call_method="completions"))]
+
+    return asyncio.run(collect())
+
+
+def _task_error() -> BaseException:
+    """A ``RayTaskError``: an exception raised inside the replica (an engine error), as the caller receives it."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        raise RuntimeError("engine exploded at /secret/path pid=1234")
+    except RuntimeError as cause:
+        return RayTaskError("completions", "Traceback ... /secret/path", cause)
+
+
+@pytest.mark.parametrize(
+    ("make_exc", "code"),
+    [
+        (_task_error, 500),
+        (lambda: __import__("ray.exceptions").exceptions.ObjectLostError("ab" * 14, "owner", "call"), 503),
+        (lambda: __import__("ray.exceptions").exceptions.ActorUnavailableError("gone", None), 503),
+    ],
+    ids=["RayTaskError", "ObjectLostError", "ActorUnavailableError"],
+)
+def test_every_failure_mid_stream_ends_with_an_error_event_and_done(
+    monkeypatch: pytest.MonkeyPatch, make_exc, code: int
+) -> None:
+    import json
+
+    out = _failing_stream(monkeypatch, 2, make_exc())
+    assert out[:2] == ["data: chunk 0\n\n", "data: chunk 1\n\n"]
+    event, done = out[2:]
+    error = json.loads(event.removeprefix("data: "))["error"]
+    assert error["code"] == code and "/secret/path" not in error["message"] and "pid" not in error["message"]
+    assert done == "data: [DONE]\n\n"
+
+
+def test_a_failure_before_the_first_chunk_is_an_error_response_and_routing_errors_pass_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ray.serve.exceptions import BackPressureError
+    from starlette.exceptions import HTTPException
+
+    (event, done) = _failing_stream(monkeypatch, 0, _task_error())
+    assert '"code":500' in event.replace(" ", "") and done == "data: [DONE]\n\n"
+    with pytest.raises(HTTPException):  # the stock ingress' 404 for an unknown model stays a 404
+        _failing_stream(monkeypatch, 0, HTTPException(404, "no such model"))
+    with pytest.raises(BackPressureError):  # Serve's proxy answers back-pressure with its 503
+        _failing_stream(monkeypatch, 0, BackPressureError(num_queued_requests=5, max_queued_requests=4))
+
+
+def test_a_stuck_stream_is_a_504_event_within_the_progress_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import time
+
+    from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
+    from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
+
+    from ebplus.deploy.ingress import EBPlusIngress
+    from ebplus.replicas.heartbeat import HEARTBEAT
+
+    async def wedged(self, **kwargs):
+        yield HEARTBEAT
+        yield "data: chunk 0\n\n"
+        while True:  # alive, but the engine does not move
+            await asyncio.sleep(0.05)
+            yield HEARTBEAT
+
+    monkeypatch.setattr(ray_ingress.OpenAiIngress, "_get_response", wedged)
+
+    async def collect() -> tuple[list, float]:
+        ingress = object.__new__(EBPlusIngress)
+        ingress._stall_timeout_s, ingress._progress_timeout_s = 1.0, 0.3
+        started = time.monotonic()
+        out = [r async for r in ingress._get_response(body=None, call_method="chat")]
+        return out, time.monotonic() - started
+
+    out, took = asyncio.run(collect())
+    assert out[0] == "data: chunk 0\n\n" and took < 2.0
+    (err,) = out[1:]
+    assert isinstance(err, ErrorResponse) and err.error.code == 504
 
 
 @pytest.mark.parametrize("chunks_before", [0, 2])
@@ -291,7 +394,7 @@ def test_a_silent_replica_becomes_a_503_within_the_stall_deadline(monkeypatch: p
 
     async def collect() -> tuple[list, float]:
         ingress = object.__new__(EBPlusIngress)
-        ingress._stall_timeout_s = 0.3
+        ingress._stall_timeout_s, ingress._progress_timeout_s = 0.3, None
         started = time.monotonic()
         out = [r async for r in ingress._get_response(body=None, call_method="chat")]
         return out, time.monotonic() - started

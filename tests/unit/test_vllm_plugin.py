@@ -300,7 +300,10 @@ class EngineCoreStub:
 def test_the_loop_runs_while_the_app_serves_and_stops_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_plugin, "prior_for_device", lambda section, device: PRIOR)
     core = EngineCoreStub()
-    engine_client = SimpleNamespace(engine_core=core, errored=False)
+    vllm_config = SimpleNamespace(
+        cache_config=SimpleNamespace(num_gpu_blocks=6250, block_size=16), model_config=SimpleNamespace(max_model_len=2048)
+    )
+    engine_client = SimpleNamespace(engine_core=core, errored=False, vllm_config=vllm_config)
     config = load_settings(
         {"ebplus": {"replicas": {"telemetry_interval_s": 0.05, "telemetry_sampling": {"requests": 0.5}}}}
     )
