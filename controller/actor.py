@@ -28,13 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from ebplus.controller import lifecycle, persistence
@@ -44,6 +41,7 @@ from ebplus.controller.fleet import FleetController
 from ebplus.controller.fleet_worker import FleetWorker
 from ebplus.controller.messages import Registration, WireError, decode, encode
 from ebplus.controller.overrides import OverrideError
+from ebplus.controller.state_store import StateStore, StoreError
 from ebplus.controller.telemetry import intake
 from ebplus.controller.views import ClearResult, ControllerInfo, FleetSnapshot, OverrideResult, Ping, RecomputeResult
 
@@ -53,7 +51,6 @@ ACTOR_NAME = "ebplus-controller"
 #: In larger ones a push never waits for a re-plan: its reply carries the last one published.
 SMALL_FLEET = 8
 NAMESPACE = "ebplus"
-STATE_KEY = b"ebplus-controller-state"
 #: How long an operator's read (``/metrics`` scrapes, ``/admin`` reads) may reuse the fleet's last snapshot, while
 #: no decision changed it: at 256 replicas a snapshot is milliseconds of the event loop that answers the pushes,
 #: and Prometheus, dashboards and scripts together may ask for one many times a second. Four a second at most,
@@ -61,81 +58,6 @@ STATE_KEY = b"ebplus-controller-state"
 SNAPSHOT_TTL_S = 0.25
 
 logger = logging.getLogger("ebplus.controller")
-
-
-class StateStore:
-    """Where the controller's snapshot lives: a file in ``state_dir``, else Ray's internal KV.
-
-    Outside a Ray cluster with no ``state_dir`` (a controller run in-process) there is
-    nowhere to keep it: the state lives in memory only, and that is logged once.
-    """
-
-    def __init__(self, state_dir: str | None, key: bytes = STATE_KEY) -> None:
-        self.path = None if state_dir is None else Path(state_dir) / "controller-state.json"
-        self.key = key
-        self.memory_only = self.path is None and not _ray_connected()
-        if self.memory_only:
-            logger.warning("no controller.state_dir and no Ray cluster: the controller's state is not persisted")
-
-    def load(self) -> dict | None:
-        """The stored state as decoded JSON, ``None`` if there is none (or it is unreadable: logged)."""
-        if self.memory_only:
-            return None
-        try:
-            if self.path is not None:
-                return json.loads(self.path.read_text()) if self.path.exists() else None
-            from ray.experimental.internal_kv import _internal_kv_get
-
-            raw = _internal_kv_get(self.key)
-            return None if raw is None else json.loads(raw)
-        except (OSError, ValueError) as exc:
-            logger.warning("ignoring unreadable controller state: %s", exc)
-            return None
-
-    def save(self, state: persistence.ControllerState) -> None:
-        self.save_bytes(state.model_dump_json().encode())
-
-    def save_bytes(self, data: bytes) -> None:
-        """Store a state already serialised as UTF-8 JSON."""
-        if not self.memory_only:
-            self._write(self.path, self.key, data)
-
-    def set_aside(self, raw: dict) -> str | None:
-        """Keep a state this controller cannot resume from beside the live one; returns where.
-
-        A state of a newer schema (a rollback after an upgrade) would otherwise be
-        overwritten by the first snapshot of the controller that refused it.
-        """
-        if self.memory_only:
-            return None
-        path = None if self.path is None else self.path.with_name("controller-state.rejected.json")
-        key = self.key + b".rejected"
-        self._write(path, key, json.dumps(raw).encode())
-        return str(path) if path is not None else f"Ray internal KV key {key.decode()}"
-
-    @staticmethod
-    def _write(path: Path | None, key: bytes, data: bytes) -> None:
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # write-then-rename: a crash mid-write never leaves a torn file
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".controller-state.")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-            return
-        from ray.experimental.internal_kv import _internal_kv_put
-
-        _internal_kv_put(key, data, overwrite=True)
-
-    def clear(self) -> None:
-        if self.memory_only:
-            return
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
-            return
-        from ray.experimental.internal_kv import _internal_kv_del
-
-        _internal_kv_del(self.key)
 
 
 def _loaded_ray() -> Any:
@@ -169,11 +91,6 @@ def freeze_startup_objects() -> None:
     """
     gc.collect()
     gc.freeze()
-
-
-def _ray_connected() -> bool:
-    ray = _loaded_ray()
-    return ray is not None and ray.is_initialized()
 
 
 class ControllerActor:
@@ -221,6 +138,7 @@ class ControllerActor:
                 self.fleet = FleetController(self.config)
         self._dirty = False
         self._persisted_version = self.fleet.version
+        self.persist_error: str | None = None  # why the last write failed, until one succeeds
         self._housekeeping: asyncio.Task | None = None
         self.worker = FleetWorker(lambda: self.fleet, self._persist_changed)
         self._view: FleetSnapshot | None = None
@@ -261,14 +179,29 @@ class ControllerActor:
             logger.info("forgot silent replica %s", rid)
             self._dirty = True
 
-    def persist(self, force: bool = False) -> None:
+    def persist(self, force: bool = False) -> bool:
         """Persist the state now if it changed (or ``force``), from the calling thread: for callers
-        outside the actor's event loop (shutdown, tests); the actor's own go through its worker."""
+        outside the actor's event loop (shutdown, tests); the actor's own go through its worker.
+
+        Returns whether the store holds the current state. A store that fails (a full
+        disk) is reported once, when it starts failing and when it recovers: what was
+        decided is applied and served meanwhile, and housekeeping tries again.
+        """
         if force or self._dirty or self.fleet.version != self._persisted_version:
             version = self.fleet.version
-            self.store.save(self.fleet.state())
+            try:
+                self.store.save(self.fleet.state())
+            except StoreError as exc:
+                if str(exc) != self.persist_error:
+                    logger.error("controller state not persisted (serving on, retrying): %s", exc)
+                self.persist_error = str(exc)
+                return False
+            if self.persist_error is not None:
+                logger.warning("controller state persisted again (it failed with: %s)", self.persist_error)
+                self.persist_error = None
             self._persisted_version = version
             self._dirty = False
+        return self.persist_error is None
 
     def _persist_changed(self, force: bool) -> None:
         """In the worker thread, after a change: persisted if it moved the version (or ``force``). A new
@@ -371,7 +304,7 @@ class ControllerActor:
         async with self.worker.lock:
             await self.worker.run(self.fleet.expire_overrides)
             snap = self.fleet.snapshot()
-        info = ControllerInfo(started_at=self.started_at, restored=self.restored)
+        info = ControllerInfo(started_at=self.started_at, restored=self.restored, persist_error=self.persist_error)
         text = snap.model_copy(update={"controller": info}).model_dump_json()
         self._snapshot_json = (self._stamp(), text)
         return text
@@ -399,18 +332,26 @@ class ControllerActor:
             except OverrideError as exc:
                 return OverrideResult(error=exc.field, message=exc.message).model_dump_json()
             override = self.fleet.overrides.items[replica]
-        return OverrideResult(version=version, override=override).model_dump_json()
+        return OverrideResult(version=version, override=override, **self._persisted()).model_dump_json()
 
     async def clear_override(self, replica: str) -> str:
         async with self.worker.lock:
             removed = await self.worker.run(lambda: self.fleet.clear_override(replica))
             version = self.fleet.version
-        return ClearResult(removed=removed, version=version).model_dump_json()
+        return ClearResult(removed=removed, version=version, **self._persisted()).model_dump_json()
 
     async def recompute(self) -> str:
         """Re-plan the fleet now, after the telemetry received so far; answered once it is published."""
         version = await self.worker.replan_soon("operator")
-        return RecomputeResult(version=version, estimate=self.fleet.workload.estimate).model_dump_json()
+        return RecomputeResult(
+            version=version, estimate=self.fleet.workload.estimate, **self._persisted()
+        ).model_dump_json()
+
+    def _persisted(self) -> dict[str, Any]:
+        """What an operator's change answers about the store: applied and persisted, or applied only."""
+        if self.persist_error is None:
+            return {"persisted": True}
+        return {"persisted": False, "message": f"applied, but not persisted: {self.persist_error}"}
 
     async def identity(self) -> str:
         """The code and configuration this controller runs (:func:`ebplus.controller.lifecycle.identity`)."""

@@ -127,6 +127,7 @@ class ReplicaView(ThresholdsView):
 class ControllerInfo(_View):
     started_at: float
     restored: bool
+    persist_error: str | None = Field(None, description="Why the state could not be persisted, while it cannot.")
 
 
 class FleetSnapshot(_View):
@@ -265,6 +266,12 @@ def snapshot(fleet: FleetController) -> FleetSnapshot:
     )
 
 
+PERSISTED = (
+    "Whether the controller's store holds the change. false: it is applied and served, but a restart "
+    "would lose it (message says why: a full disk); the controller keeps trying."
+)
+
+
 class OverrideResult(_View):
     """The answer to an override request: the new version, or the field that was wrong."""
 
@@ -272,16 +279,21 @@ class OverrideResult(_View):
     override: Override | None = None
     error: str | None = Field(None, description="The offending field, when the override was refused.")
     message: str | None = None
+    persisted: bool = Field(True, description=PERSISTED)
 
 
 class ClearResult(_View):
     removed: bool
     version: int
+    persisted: bool = Field(True, description="See OverrideResult.persisted.")
+    message: str | None = None
 
 
 class RecomputeResult(_View):
     version: int
     estimate: Estimate | None
+    persisted: bool = Field(True, description="See OverrideResult.persisted.")
+    message: str | None = None
 
 
 class Ping(_View):

@@ -270,8 +270,9 @@ def _replace_controller(cluster: Cluster, dep: Deployment, state: dict) -> dict:
     import ray
     from ray.experimental.internal_kv import _internal_kv_put
 
-    from ebplus.controller.actor import STATE_KEY, get_controller
+    from ebplus.controller.actor import get_controller
     from ebplus.controller.lifecycle import ensure_controller
+    from ebplus.controller.state_store import STATE_KEY
 
     if dep.config.controller.state_dir is not None:
         raise HarnessError("this scenario writes the state into Ray's KV store; the config names a state_dir")
@@ -344,7 +345,7 @@ def scenario_newer_state(dep: Deployment, cluster: Cluster, *, watch_s: float = 
     from ray.experimental.internal_kv import _internal_kv_get
 
     from ebplus.controller import persistence
-    from ebplus.controller.actor import STATE_KEY
+    from ebplus.controller.state_store import STATE_KEY
 
     current = json.loads(_internal_kv_get(STATE_KEY))
     newer = {**current, "schema_version": persistence.SCHEMA_VERSION + 1}

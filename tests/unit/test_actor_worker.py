@@ -24,7 +24,7 @@ import pytest
 from factories import batch, registration
 
 from ebplus.controller import fleet_worker, persistence
-from ebplus.controller.actor import ControllerActor, StateStore
+from ebplus.controller.actor import ControllerActor
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import (
@@ -36,6 +36,7 @@ from ebplus.controller.messages import (
     decode,
     encode,
 )
+from ebplus.controller.state_store import StateStore
 
 REPLICAS = ("r0", "r1", "r2")
 #: No periodic update: the tests ask for every re-plan.
@@ -48,13 +49,13 @@ def make_actor(tmp_path: Path, **config: Any) -> tuple[ControllerActor, list[int
                            state_dir=str(tmp_path))  # fmt: skip
     actor = ControllerActor(cfg, housekeeping=False, small_fleet=0)
     saved: list[int] = []
-    save = actor.store.save_bytes
+    save = actor.store.save
 
-    def recording(data: bytes) -> None:
-        save(data)
-        saved.append(json.loads(data)["version"])
+    def recording(state: persistence.ControllerState) -> None:
+        save(state)
+        saved.append(state.version)
 
-    actor.store.save_bytes = recording  # type: ignore[method-assign]
+    actor.store.save = recording  # type: ignore[method-assign]
     return actor, saved
 
 
@@ -197,7 +198,7 @@ def test_a_new_version_is_published_to_every_replica_at_once_once_it_is_persiste
         await start(actor, rng)
         await actor.recompute()
         before = actor.fleet.version
-        gate, replan = await held_replan(actor, actor.store, "save_bytes")  # planned, not persisted yet
+        gate, replan = await held_replan(actor, actor.store, "save")  # planned, not persisted yet
         assert all(r.current.version == before + 1 for r in actor.fleet.replicas.values())
         for rid in REPLICAS:
             assert (await answered(actor.ingest(push(rid, rng, n=1)))).version == before

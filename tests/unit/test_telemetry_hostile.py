@@ -344,7 +344,7 @@ def test_actor_ingest_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) ->
 def test_a_new_version_is_persisted_before_it_is_published(tmp_path) -> None:
     """Found by killing the live controller: a restart from a snapshot older than the last decision
     re-issued that decision's version number with other thresholds."""
-    from ebplus.controller.actor import StateStore
+    from ebplus.controller.state_store import StateStore
 
     config = ControllerConfig(update_every=10, first_update=10, min_samples=10, state_dir=str(tmp_path))
     actor = ControllerActor(config, housekeeping=False)
