@@ -435,5 +435,11 @@ def run_serve(args: argparse.Namespace) -> int:
         else:
             serve.shutdown()
         ray.shutdown()
+        if not cfg.ray.address:
+            from ebplus.deploy import serve_env
+
+            ended = serve_env.cleanup()
+            if ended:
+                say(f"ended {len(ended)} HAProxy process(es) Ray's shutdown left running (pids {ended})")
     say("stopped")
     return 0

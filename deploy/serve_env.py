@@ -18,14 +18,29 @@ HAProxy adds two listening ports on every interface, its stats page and its metr
 Ray Serve fixes at 8404 and 9101: a second ``ebplus serve`` on the host, or an HAProxy a killed
 deployment left behind, made the next start fail (``cannot bind socket ... 0.0.0.0:9101``, the
 e2e tier's second deployment). Unless ``RAY_SERVE_HAPROXY_STATS_PORT`` /
-``RAY_SERVE_HAPROXY_METRICS_PORT`` are set, each start takes free ports for them.
+``RAY_SERVE_HAPROXY_METRICS_PORT`` are set, each start takes free ports for them. Ray 2.60's
+template binds both on every interface (``bind *:``), with no setting to change it.
+
+HAProxy's files are private to the deployment. Ray Serve puts its admin socket (``mode 666
+level admin``: any local user could redirect traffic, ``Authorization`` headers included), its
+config and its server state under ``/tmp/haproxy-serve``, shared by every deployment and left
+behind by each. Each start makes a directory of its own (mode 0700, so the socket inside is
+out of other users' reach) and points Ray's path settings there; :func:`cleanup`, at the stop,
+ends any HAProxy still running from it (Ray lets an old one drain for ``hard-stop-after``;
+one held by an abandoned request once outlived ``make serve`` and its port) and removes it.
+HAProxy's client timeout drops from Ray's 3,600 s to Ray Serve LLM's own request timeout.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
+import tempfile
+import time
 from collections.abc import MutableMapping
+from pathlib import Path
 
 #: Variable -> value; see the module docstring for how they are applied.
 SERVE_ENV: dict[str, str] = {
@@ -46,6 +61,24 @@ SERVE_ENV: dict[str, str] = {
 
 #: HAProxy's own listeners, fixed by Ray Serve unless set (see the module docstring).
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+
+#: Ray Serve's HAProxy path settings -> the name in the deployment's private directory ("": the directory).
+HAPROXY_PATHS = {
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+}
+
+#: HAProxy limits (seconds): a client idle this long is dropped (Ray: 3,600; Ray Serve LLM ends any
+#: request at 600 anyway), and an old HAProxy drains its connections this long after a reload or stop
+#: (Ray: 120).
+HAPROXY_LIMITS = {"RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "600", "RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S": "10"}
+
+#: Set by :func:`apply` to the private directory it made (read by :func:`cleanup`).
+PRIVATE_DIR = "EBPLUS_HAPROXY_DIR"
+PRIVATE_PREFIX = "ebplus-haproxy-"
 
 
 def free_port() -> int:
@@ -68,4 +101,72 @@ def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
         for key in HAPROXY_PORTS:
             environ.setdefault(key, str(free_port()))
             applied[key] = environ[key]
+        private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))  # mode 0700
+        environ[PRIVATE_DIR] = applied[PRIVATE_DIR] = str(private)
+        for key, name in {**HAPROXY_PATHS, **HAPROXY_LIMITS}.items():
+            default = str(private / name) if key in HAPROXY_PATHS else name
+            environ.setdefault(key, default)
+            applied[key] = environ[key]
     return applied
+
+
+def cleanup(environ: MutableMapping[str, str] | None = None) -> list[int]:
+    """At the stop: end what still runs from :func:`apply`'s private directory and remove it.
+
+    Returns the pids that had to be ended (an HAProxy that outlived Ray's shutdown).
+    """
+    environ = os.environ if environ is None else environ
+    where = environ.pop(PRIVATE_DIR, None)
+    if not where or not Path(where).name.startswith(PRIVATE_PREFIX):
+        return []
+    ended = _end_processes_using(where)
+    shutil.rmtree(where, ignore_errors=True)
+    return ended
+
+
+def _end_processes_using(directory: str, grace_s: float = 2.0) -> list[int]:
+    """SIGTERM, then after ``grace_s`` SIGKILL, every process of this user whose command line names ``directory``."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            mine = entry.stat().st_uid == os.getuid()
+        except OSError:  # gone, or not ours to read
+            continue
+        if mine and int(entry.name) != os.getpid() and any(directory.encode() in arg for arg in argv):
+            pids.append(int(entry.name))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [pid for pid in pids if _signal(pid, sig)]
+        deadline = time.monotonic() + grace_s
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [pid for pid in alive if _alive(pid)]
+        if not alive:
+            break
+    return pids
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        reaped, _ = os.waitpid(pid, os.WNOHANG)  # our own child: reap it, or it lingers as a zombie
+        if reaped:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[-1].split()[:1]
+    except OSError:
+        return False
+    return state != ["Z"]  # a zombie (another's child) is gone for our purpose

@@ -534,3 +534,68 @@ def test_replicas_start_with_the_configured_cold_theta() -> None:
     assert start_k({"engine": {"max_num_seqs": 64}, "scheduler": {"n": 40}}) == 4  # default theta_cold 0.10 of 40
     assert start_k({"engine": {"max_num_seqs": 64}, "scheduler": {"k": 7}}) == 7  # an explicit k wins
 
+
+
+def _drive(app, body: bytes, leave_after_s: float | None) -> tuple[list[dict], float]:
+    """One POST through ``app`` with a client that leaves after ``leave_after_s`` (None: stays);
+    returns what was sent to it and how long the request took."""
+    import asyncio
+    import time
+
+    async def run() -> tuple[list[dict], float]:
+        sent: list[dict] = []
+        left = asyncio.Event()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop()
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/slow", "raw_path": b"/v1/slow", "query_string": b"", "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+        }  # fmt: skip
+        started = time.monotonic()
+        request = asyncio.ensure_future(app(scope, receive, send))
+        if leave_after_s is not None:
+            await asyncio.sleep(leave_after_s)
+            left.set()
+        await asyncio.wait_for(request, 10)
+        return sent, time.monotonic() - started
+
+    return asyncio.run(run())
+
+
+def test_a_client_that_leaves_a_non_streamed_request_ends_the_work() -> None:
+    """``"stream": false``: nothing is written until the whole answer is built, so nothing noticed a gone
+    client and the engine generated for nobody. The request's task is now cancelled when the client leaves."""
+    import asyncio
+
+    from ebplus.deploy.ingress import make_app
+
+    app = make_app(1 << 20, AuthSection())
+    events: list[str] = []
+
+    @app.post("/v1/slow")
+    async def slow(request: Request) -> dict:
+        await request.body()
+        try:
+            await asyncio.sleep(0.4)  # the replica generating the whole answer
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+        events.append("finished")
+        return {"ok": True}
+
+    sent, took = _drive(app, b'{"stream": false}', leave_after_s=0.1)
+    assert events == ["cancelled"] and took < 0.35 and sent == []
+    sent, _ = _drive(app, b'{"stream": false}', leave_after_s=None)  # a client that waits gets its answer
+    assert events == ["cancelled", "finished"]
+    assert sent[0]["status"] == 200 and b'"ok":true' in b"".join(m.get("body", b"") for m in sent[1:])

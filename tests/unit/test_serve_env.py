@@ -36,8 +36,11 @@ def test_haproxy_gets_free_ports_of_its_own_unless_set() -> None:
     for port in ports:  # free now: this process can listen there
         with socket.socket() as sock:
             sock.bind(("0.0.0.0", port))
-    pinned = serve_env.apply({"RAY_SERVE_HAPROXY_STATS_PORT": "18404"})
+    serve_env.cleanup(env)
+    pinned_env = {"RAY_SERVE_HAPROXY_STATS_PORT": "18404"}
+    pinned = serve_env.apply(pinned_env)
     assert pinned["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
+    serve_env.cleanup(pinned_env)
     off = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     serve_env.apply(off)
     assert not set(serve_env.HAPROXY_PORTS) & set(off)
@@ -48,3 +51,49 @@ def test_haproxy_gets_free_ports_of_its_own_unless_set() -> None:
     ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]
     source = (Path(ray_dir) / "serve" / "_private" / "constants.py").read_text()
     assert all(f'"{key}"' in source for key in source_keys)
+
+
+def test_haproxy_files_are_private_to_the_deployment_and_removed_at_the_stop() -> None:
+    """Ray Serve's HAProxy admin socket is mode 666 with level admin, under a /tmp directory every deployment
+    shares and none removes: each start gets a directory of its own (0700), gone after cleanup()."""
+    import stat
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env: dict[str, str] = {}
+    applied = serve_env.apply(env)
+    private = Path(applied[serve_env.PRIVATE_DIR])
+    try:
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700
+        for key in serve_env.HAPROXY_PATHS:
+            assert env[key].startswith(str(private)), key
+        assert env["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"] == "600"
+        # an HAProxy that outlived Ray's shutdown: a process whose command line names its config there
+        config = private / "node" / "haproxy.cfg"
+        lingering = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(config)])
+        bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "/tmp/elsewhere"])
+        try:
+            assert serve_env.cleanup(env) == [lingering.pid]
+            assert lingering.wait(timeout=5) is not None and bystander.poll() is None
+        finally:
+            bystander.kill()
+            bystander.wait()
+        assert not private.exists() and serve_env.PRIVATE_DIR not in env
+        assert serve_env.cleanup(env) == []  # twice is harmless
+    finally:
+        serve_env.cleanup(env)
+    pinned = {"RAY_SERVE_HAPROXY_SOCKET_PATH": "/run/ops/admin.sock"}
+    serve_env.apply(pinned)
+    assert pinned["RAY_SERVE_HAPROXY_SOCKET_PATH"] == "/run/ops/admin.sock"  # the operator's value wins
+    serve_env.cleanup(pinned)
+
+
+def test_every_haproxy_setting_is_one_ray_serve_reads() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]
+    source = (Path(ray_dir) / "serve" / "_private" / "constants.py").read_text()
+    for key in (*serve_env.HAPROXY_PATHS, *serve_env.HAPROXY_LIMITS):
+        assert f'"{key}"' in source, f"{key} is not a Ray Serve setting in this Ray version"
