@@ -66,6 +66,15 @@ def test_hostile_requests_are_4xx_with_a_reason(faults: rel.Deployment) -> None:
     assert statuses["body over the size limit"] == 413
     assert statuses["form body"] == statuses["admin: invalid UTF-8 text"] == 415
     assert statuses["unknown model"] == 404
+    budget = [a for a in out["cases"] if a["case"].startswith("output budget")]
+    assert budget and all(a["status"] == 400 and "20,000" in a["reason"] for a in budget), budget
+
+
+@pytest.mark.timeout(300)
+def test_clients_that_leave_leave_no_engine_work_behind(faults: rel.Deployment, cluster: rel.Cluster) -> None:
+    out = rel.scenario_abandoned(faults, cluster, replicas=faults.config.replicas.num_replicas)
+    show("abandoned", out)
+    assert out["seconds_until_no_work"] is not None and out["seconds_until_no_work"] <= out["settle_s"], out
 
 
 @pytest.mark.timeout(300)

@@ -33,7 +33,13 @@ from harness.deployment import (
     stop_deployment,
 )
 from harness.faults import scenario_controller_kills, scenario_hung_controller, scenario_replica_kill
-from harness.hostile import scenario_bad_telemetry, scenario_fuzz, scenario_hostile, scenario_secrets
+from harness.hostile import (
+    scenario_abandoned,
+    scenario_bad_telemetry,
+    scenario_fuzz,
+    scenario_hostile,
+    scenario_secrets,
+)
 from harness.overload import scenario_back_pressure, scenario_soak
 from harness.waiting import HarnessError, wait_until
 
@@ -44,6 +50,7 @@ __all__ = [
     "HarnessError",
     "attach_deployment",
     "deployed",
+    "scenario_abandoned",
     "scenario_back_pressure",
     "scenario_bad_telemetry",
     "scenario_controller_kills",

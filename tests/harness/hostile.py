@@ -82,6 +82,10 @@ def hostile_requests(model: str) -> list[tuple[str, str, str, bytes | dict, str 
         ("admin: k negative", "PUT", "/admin/overrides", {"replica": "*", "k": -3}, None),
         ("admin: unknown field", "PUT", "/admin/overrides", {"replica": "*", "k": 2, "colour": "red"}, None),
         ("admin: history limit huge", "GET", "/admin/history?limit=99999999999999999999", b"", None),
+        # the output budget (replicas.max_request_output): each factor within vLLM's own caps, the product not
+        ("output budget: n x max_tokens x logprobs", "POST", "/v1/completions", {"model": model, "prompt": "hi", "n": 16, "max_tokens": 500, "logprobs": 20, "ignore_eos": True, "stream": False}, None),
+        ("output budget: chat top_logprobs", "POST", "/v1/chat/completions", {"model": model, "messages": user, "n": 16, "max_completion_tokens": 500, "logprobs": True, "top_logprobs": 20}, None),
+        ("output budget: 16 prompts x n", "POST", "/v1/completions", {"model": model, "prompt": ["hi"] * 16, "n": 16, "max_tokens": 100}, None),
     ]  # fmt: skip
 
 
@@ -226,6 +230,64 @@ def scenario_hostile(dep: Deployment) -> dict:
         "cases": answers,
         "bad": [a for a in answers if not (400 <= a["status"] < 500 and a["reason"])],
         "alive_after": ok.status_code == 200 and httpx.get(f"{dep.base_url}/health", timeout=30).status_code == 200,
+    }
+
+
+def engine_running(cluster: Cluster, replicas: int) -> int:
+    """Requests the replicas' engines run now (their schedulers' last telemetry drain)."""
+    return sum(int(status["running"]) for status in cluster.replica_status(replicas).values())
+
+
+def scenario_abandoned(
+    dep: Deployment, cluster: Cluster, replicas: int, clients: int = 2, leave_after_s: float = 1.5, settle_s: float = 5.0
+) -> dict:
+    """Clients that give up: non-streamed and streamed requests for long answers, dropped after
+    ``leave_after_s``; how long the engines go on working for them (target: 0 running within ``settle_s``).
+
+    Without cancellation a non-streamed answer is generated in full for nobody (nothing is
+    written until it is done, so nothing notices the client left).
+    """
+    import threading
+
+    body = {"model": dep.model, "prompt": "tell me everything", "n": 8, "max_tokens": 480, "ignore_eos": True}
+
+    def give_up(stream: bool) -> str:
+        try:
+            with httpx.Client(base_url=dep.base_url, timeout=leave_after_s, headers=dep.api_headers) as client:
+                if not stream:
+                    client.post("/v1/completions", json={**body, "stream": False})
+                    return "answered before the client left"
+                with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                    for _ in r.iter_lines():
+                        time.sleep(leave_after_s)  # read one line, then go away
+                        break
+                return "left mid-stream"
+        except httpx.TimeoutException:
+            return "left before the answer"
+
+    outcomes: list[str] = []
+    threads = [
+        threading.Thread(target=lambda s=stream: outcomes.append(give_up(s)))
+        for stream in [False] * clients + [True] * clients
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    left_at = time.monotonic()
+    running_at_leave = engine_running(cluster, replicas)
+    drained_s = None
+    while time.monotonic() - left_at < settle_s + 30:
+        if engine_running(cluster, replicas) == 0:
+            drained_s = round(time.monotonic() - left_at, 2)
+            break
+        time.sleep(0.25)
+    return {
+        "clients": len(threads),
+        "outcomes": sorted(outcomes),
+        "running_when_they_left": running_at_leave,
+        "seconds_until_no_work": drained_s,
+        "settle_s": settle_s,
     }
 
 
