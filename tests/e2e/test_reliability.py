@@ -70,6 +70,23 @@ def test_hostile_requests_are_4xx_with_a_reason(faults: rel.Deployment) -> None:
     assert budget and all(a["status"] == 400 and "20,000" in a["reason"] for a in budget), budget
 
 
+def test_only_loopback_serves_the_api_and_haproxy_keeps_its_files_private(faults: rel.Deployment) -> None:
+    """The API binds http.host (127.0.0.1) only; HAProxy's admin socket (mode 666, level admin) is in the
+    deployment's 0700 directory, not in the /tmp/haproxy-serve every deployment shares. The other listeners
+    are reported (Ray's own and HAProxy's stats and metrics, which Ray 2.60 binds on every interface)."""
+    import stat
+
+    from harness.deployment import haproxy_dir
+
+    found = rel.listeners(faults.pid)
+    show("listeners", {"outside loopback": [f for f in found if not f["address"].startswith("127.")]})
+    api = [f for f in found if f["port"] == faults.config.http.port]
+    assert api and all(f["address"] == faults.config.http.host for f in api), api
+    private = haproxy_dir(faults.pid)
+    assert private is not None and stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert list(private.glob("*/admin.sock")), sorted(str(p) for p in private.rglob("*"))
+
+
 @pytest.mark.timeout(300)
 def test_clients_that_leave_leave_no_engine_work_behind(faults: rel.Deployment, cluster: rel.Cluster) -> None:
     out = rel.scenario_abandoned(faults, cluster, replicas=faults.config.replicas.num_replicas)

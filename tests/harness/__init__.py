@@ -34,6 +34,7 @@ from harness.deployment import (
 )
 from harness.faults import scenario_controller_kills, scenario_hung_controller, scenario_replica_kill
 from harness.hostile import (
+    listeners,
     scenario_abandoned,
     scenario_bad_telemetry,
     scenario_fuzz,
@@ -50,6 +51,7 @@ __all__ = [
     "HarnessError",
     "attach_deployment",
     "deployed",
+    "listeners",
     "scenario_abandoned",
     "scenario_back_pressure",
     "scenario_bad_telemetry",

@@ -132,10 +132,26 @@ def deployed(config_path: Path, log_path: Path, admin_token: str, api_key: str |
     """:func:`start_deployment` for the length of a ``with`` block (a test module's fixture), stopped at its end
     whatever happened inside; a deployment that does not start raises :class:`HarnessError` with its log's tail."""
     dep = start_deployment(config_path, log_path, admin_token, api_key, **kwargs)
+    private = None if dep.process is None else haproxy_dir(dep.process.pid)
     try:
         yield dep
     finally:
         stop_deployment(dep)
+    if private is not None and dep.process is not None and dep.process.returncode == 0 and private.exists():
+        # a clean stop removes HAProxy's private directory (its admin socket) with what ran from it
+        raise HarnessError(f"ebplus serve stopped but left HAProxy's directory {private} behind")
+
+
+def haproxy_dir(pid: int) -> Path | None:
+    """The private HAProxy directory ``ebplus serve`` (``pid``) made (``EBPLUS_HAPROXY_DIR``), if any."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for entry in environ:
+        if entry.startswith(b"EBPLUS_HAPROXY_DIR="):
+            return Path(entry.split(b"=", 1)[1].decode())
+    return None
 
 
 def attach_deployment(config_path: Path, log_path: Path, admin_token: str, api_key: str | None, pid: int) -> Deployment:

@@ -291,6 +291,28 @@ def scenario_abandoned(
     }
 
 
+def listeners(pid: int) -> list[dict]:
+    """TCP sockets listening in the process tree of ``pid`` (the deployment): address, port, process."""
+    import psutil
+
+    out = []
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return out
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp")
+            name = " ".join(proc.cmdline()[:3])[:120]
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN:
+                out.append({"address": c.laddr.ip, "port": c.laddr.port, "pid": proc.pid, "process": name})
+    return sorted(out, key=lambda item: (item["port"], item["address"]))
+
+
 def scenario_fuzz(dep: Deployment, examples: int = 15, seed: int = 7) -> dict:
     """schemathesis (its CLI) over the live ``/openapi.json``, positive and negative cases, no 5xx allowed.
 
