@@ -236,15 +236,15 @@ def start_vllm_plugin(ctx: Context) -> Running:
     return running
 
 
-def ebplus_starter(mode: str) -> Callable[[Context], Running]:
-    """(c), (d): ``ebplus serve`` with ``scheduler.mode`` set to ``mode``."""
+def ebplus_starter(mode: str, env: dict[str, str] | None = None, tag: str = "") -> Callable[[Context], Running]:
+    """(c), (d): ``ebplus serve`` with ``scheduler.mode`` set to ``mode`` (and ``env`` for its processes)."""
 
     def start(ctx: Context) -> Running:
         from harness import start_deployment
 
         path = deployment_config(ctx.config_path, mode, ctx.workdir, ctx.port, RAY_METRICS_PORT)
-        log_path = ctx.workdir / f"ebplus-{mode}.log"
-        dep = start_deployment(path, log_path, admin_token=secrets.token_hex(16), extra_env=ctx.env)
+        log_path = ctx.workdir / f"ebplus-{mode}{tag}.log"
+        dep = start_deployment(path, log_path, admin_token=secrets.token_hex(16), extra_env={**ctx.env, **(env or {})})
         assert dep.process is not None
 
         def describe() -> dict[str, Any]:
@@ -262,6 +262,18 @@ SERVERS: dict[str, ServerSpec] = {
         ServerSpec("vllm", "a", "vLLM OpenAI server (stock scheduler)", start_vllm),
         ServerSpec("ray-llm", "b", "Ray Serve LLM build_openai_app", start_ray_llm),
         ServerSpec("ebplus-mb", "c", "ebplus serve, mode mb", ebplus_starter("mb")),
+        ServerSpec(
+            "ebplus-mb-haproxy",
+            "c+",
+            "ebplus serve, mode mb, HAProxy in front (RAY_SERVE_ENABLE_HA_PROXY=1)",
+            ebplus_starter("mb", {"RAY_SERVE_ENABLE_HA_PROXY": "1"}, "-haproxy"),
+        ),
+        ServerSpec(
+            "ebplus-mb-no-haproxy",
+            "c-",
+            "ebplus serve, mode mb, Ray Serve's proxy in front (RAY_SERVE_ENABLE_HA_PROXY=0)",
+            ebplus_starter("mb", {"RAY_SERVE_ENABLE_HA_PROXY": "0"}, "-no-haproxy"),
+        ),
         ServerSpec("ebplus-auto", "d", "ebplus serve, mode auto", ebplus_starter("auto")),
         ServerSpec("vllm-plugin", "e", "vLLM OpenAI server + EB+ plugin, mode mb", start_vllm_plugin, plugin_missing),
     )

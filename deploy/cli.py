@@ -420,6 +420,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     say("starting Ray ...")
     session_dir = start_ray(cfg.ray)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # again: ray.init installs its own SIGTERM handler, which exits at once
+        signal.signal(sig, lambda *_: stop.set())
     say(f"Ray is up; its logs: {session_dir / 'logs'} (Serve and replicas: {session_dir / 'logs' / 'serve'})")
     try:
         took = deploy_app(cfg, source, session_dir, args.deploy_timeout, "serve", stop.is_set)
@@ -430,16 +432,18 @@ def run_serve(args: argparse.Namespace) -> int:
             pass
         say("shutting down ...")
     finally:
-        if cfg.ray.address:
-            serve.delete(APP_NAME)  # a shared cluster keeps its other apps
-        else:
-            serve.shutdown()
-        ray.shutdown()
-        if not cfg.ray.address:
-            from ebplus.deploy import serve_env
+        try:
+            if cfg.ray.address:
+                serve.delete(APP_NAME)  # a shared cluster keeps its other apps
+            else:
+                serve.shutdown()
+            ray.shutdown()
+        finally:
+            if not cfg.ray.address:
+                from ebplus.deploy import serve_env
 
-            ended = serve_env.cleanup()
-            if ended:
-                say(f"ended {len(ended)} HAProxy process(es) Ray's shutdown left running (pids {ended})")
+                ended = serve_env.cleanup()
+                if ended:
+                    say(f"ended {len(ended)} HAProxy process(es) Ray's shutdown left running (pids {ended})")
     say("stopped")
     return 0

@@ -47,7 +47,7 @@ from ebplus.deploy import admin
 from ebplus.deploy.admin import AdminService
 from ebplus.deploy.auth import load_secret
 from ebplus.deploy.config import AuthSection
-from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit, CancelOnDisconnect, ErrorResponses, JsonBodyGuard
+from ebplus.deploy.middleware import ApiKeyGuard, BodySizeLimit, ErrorResponses, JsonBodyGuard
 from ebplus.replicas import lora
 from ebplus.replicas.heartbeat import NoProgress, ReplicaStalled, without_heartbeats
 
@@ -273,9 +273,7 @@ def make_app(max_body_bytes: int, auth: AuthSection, cors_allow_origins: Sequenc
     install_body_crash_handlers(app)
     env, path = auth.api_key_env, auth.api_key_file
     # middleware runs last-added first: error answers wrap everything, the body limit
-    # guards the rest, then the key, then the body's encoding (only for callers with a key), then
-    # the watch for a client that leaves (on the buffered body)
-    app.add_middleware(CancelOnDisconnect)
+    # guards the rest, then the key, then the body's encoding (only for callers with a key)
     app.add_middleware(JsonBodyGuard)
     app.add_middleware(ApiKeyGuard, key=functools.partial(load_secret, env, path))
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)

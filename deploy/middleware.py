@@ -12,14 +12,10 @@ through untouched. In request order (``deploy.ingress.make_app`` installs them):
    surrogates or non-finite numbers; otherwise 415/400 (422 on ``/admin``) with the
    reason, instead of a 500 from deep inside the stack. It can also run a check of
    the parsed body (the plain-vLLM plugin's output budget).
-5. :class:`CancelOnDisconnect` - a model request whose client goes away is cancelled,
-   and with it the replica's work for it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import math
 import re
@@ -274,73 +270,6 @@ class JsonBodyGuard:
             return await receive()
 
         await self.app(scope, replay, send)
-
-
-class CancelOnDisconnect:
-    """End the work of a request whose client went away, streamed or not.
-
-    A streamed answer notices a gone client when it next writes; a non-streamed one
-    (``"stream": false``, the whole answer built before anything is sent) never
-    does: the handler waits for the replica while the engine generates for nobody,
-    minutes for a large request. Here the body, already buffered by
-    :class:`JsonBodyGuard` (installed outside this), is handed to the application,
-    and the connection is watched meanwhile: on ``http.disconnect`` the request's
-    task is cancelled, which cancels the Serve call to the replica, whose engine then
-    aborts the request (Serve propagates a caller's cancellation).
-    """
-
-    def __init__(self, app: ASGIApp, paths: tuple[str, ...] = MODEL_ROUTES) -> None:
-        self.app = app
-        self.paths = paths
-        self.cancelled = 0  # requests ended because their client left (tests, logs)
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS or not scope.get("path", "").startswith(self.paths):
-            await self.app(scope, receive, send)
-            return
-        first = await receive()
-        if first["type"] != "http.request" or first.get("more_body", False):  # gone already, or not buffered
-            await self.app(scope, _replaying(first, receive), send)
-            return
-        gone = asyncio.Event()
-
-        async def app_receive() -> dict:
-            await gone.wait()  # the body was the one message: what follows is the disconnect
-            return {"type": "http.disconnect"}
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        work = asyncio.ensure_future(self.app(scope, _replaying(first, app_receive), send))
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the request itself was cancelled (a shutdown): both go
-            work.cancel()
-            watcher.cancel()
-            raise
-        if not work.done():  # the client left first: nothing more is sent to it
-            work.cancel()
-            self.cancelled += 1
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
-            return
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        await work  # the application's own exception, if it raised
-
-
-def _replaying(first: dict, receive: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
-    """``receive`` that answers ``first`` once before passing on to the real one."""
-    pending = [first]
-
-    async def replay() -> dict:
-        return pending.pop() if pending else await receive()
-
-    return replay
 
 
 class ErrorResponses:

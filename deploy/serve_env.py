@@ -11,8 +11,16 @@ Why (measured with ``ebplus bench overhead``, docs/benchmarks/overhead.md): on t
 2-core CPU deployment every CPU second the serving plane spends is taken from the
 engine. With Ray Serve's defaults each streamed chunk crosses the Python HTTP proxy
 and two replica event loops in threads of their own; these settings halve the serving
-plane's CPU per output token (2.0 -> 0.93 CPU-s per 1,000 output tokens, with Ray Serve LLM's
-own app as the baseline), and no behaviour of the API changes.
+plane's CPU per output token (2.0 -> 0.93 CPU-s per 1,000 output tokens with HAProxy, with Ray
+Serve LLM's own app as the baseline), and no behaviour of the API changes.
+
+HAProxy (``RAY_SERVE_ENABLE_HA_PROXY=1``) is off. In front of the ingress replica it saves
+Ray Serve's Python proxy about 0.8 CPU-s per 1,000 output tokens on this machine, with no
+throughput difference to measure (3 rounds: 1.07, 0.94-1.10, docs/benchmarks/overhead.md);
+what it costs instead: a client that gives up on a non-streamed request does not end the
+work (HAProxy does not pass the client's abort on, so Serve never sees the disconnect and the
+engine generates the whole answer for nobody), two more listeners on every interface, and an
+admin socket. An operator who wants it sets the variable; then:
 
 HAProxy adds two listening ports on every interface, its stats page and its metrics, which
 Ray Serve fixes at 8404 and 9101: a second ``ebplus serve`` on the host, or an HAProxy a killed
@@ -48,9 +56,8 @@ SERVE_ENV: dict[str, str] = {
     # event loop (no thread hop per chunk), replicas call each other over gRPC, ingress replicas
     # serve HTTP themselves, access logs are buffered.
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-    # HAProxy (the binary ships with ray[serve]) forwards HTTP to the ingress replicas instead
-    # of the Python proxy actor handling every chunk.
-    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    # HAProxy (the binary ships with ray[serve]) stays off: see the module docstring.
+    "RAY_SERVE_ENABLE_HA_PROXY": "0",
     # The Serve controller reconciles once a second instead of ten times; replica health checks
     # keep their own period.
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
@@ -78,7 +85,12 @@ HAPROXY_LIMITS = {"RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "600", "RAY_SERVE_HAPROX
 
 #: Set by :func:`apply` to the private directory it made (read by :func:`cleanup`).
 PRIVATE_DIR = "EBPLUS_HAPROXY_DIR"
-PRIVATE_PREFIX = "ebplus-haproxy-"
+PRIVATE_PREFIX = "ebplus-hap-"
+
+#: HAProxy refuses a log socket path longer than this; Ray puts a 56-character node id between the
+#: directory and the file name (``<dir>/<node id>/metrics.sock``).
+HAPROXY_SOCKET_PATH_MAX = 97
+NODE_ID_CHARS = 56
 
 
 def free_port() -> int:
@@ -101,13 +113,23 @@ def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
         for key in HAPROXY_PORTS:
             environ.setdefault(key, str(free_port()))
             applied[key] = environ[key]
-        private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))  # mode 0700
+        private = _private_dir()
         environ[PRIVATE_DIR] = applied[PRIVATE_DIR] = str(private)
         for key, name in {**HAPROXY_PATHS, **HAPROXY_LIMITS}.items():
             default = str(private / name) if key in HAPROXY_PATHS else name
             environ.setdefault(key, default)
             applied[key] = environ[key]
     return applied
+
+
+def _private_dir() -> Path:
+    """A new 0700 directory for HAProxy's files, in the temporary directory unless its path would make
+    HAProxy's socket paths too long (then in ``/tmp``)."""
+    longest = max(len(name) for name in HAPROXY_PATHS.values()) + NODE_ID_CHARS + 2
+    base = tempfile.gettempdir()
+    if len(base) + len(PRIVATE_PREFIX) + 9 + longest > HAPROXY_SOCKET_PATH_MAX:
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=base))
 
 
 def cleanup(environ: MutableMapping[str, str] | None = None) -> list[int]:

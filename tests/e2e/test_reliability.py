@@ -70,27 +70,25 @@ def test_hostile_requests_are_4xx_with_a_reason(faults: rel.Deployment) -> None:
     assert budget and all(a["status"] == 400 and "20,000" in a["reason"] for a in budget), budget
 
 
-def test_only_loopback_serves_the_api_and_haproxy_keeps_its_files_private(faults: rel.Deployment) -> None:
-    """The API binds http.host (127.0.0.1) only; HAProxy's admin socket (mode 666, level admin) is in the
-    deployment's 0700 directory, not in the /tmp/haproxy-serve every deployment shares. The other listeners
-    are reported (Ray's own and HAProxy's stats and metrics, which Ray 2.60 binds on every interface)."""
-    import stat
-
+def test_only_loopback_serves_the_api_and_no_haproxy_runs(faults: rel.Deployment) -> None:
+    """The API binds http.host (127.0.0.1) only, and the local default runs no HAProxy (no admin socket, no
+    stats or metrics listener on every interface). The other listeners are reported: Ray's own, which Ray
+    2.60 binds on every interface."""
     from harness.deployment import haproxy_dir
 
     found = rel.listeners(faults.pid)
     show("listeners", {"outside loopback": [f for f in found if not f["address"].startswith("127.")]})
     api = [f for f in found if f["port"] == faults.config.http.port]
     assert api and all(f["address"] == faults.config.http.host for f in api), api
-    private = haproxy_dir(faults.pid)
-    assert private is not None and stat.S_IMODE(private.stat().st_mode) == 0o700
-    assert list(private.glob("*/admin.sock")), sorted(str(p) for p in private.rglob("*"))
+    assert not [f for f in found if "haproxy" in f["process"]], found
+    assert haproxy_dir(faults.pid) is None
 
 
 @pytest.mark.timeout(300)
 def test_clients_that_leave_leave_no_engine_work_behind(faults: rel.Deployment, cluster: rel.Cluster) -> None:
     out = rel.scenario_abandoned(faults, cluster, replicas=faults.config.replicas.num_replicas)
     show("abandoned", out)
+    assert out["running_before_they_left"] > 0, out  # the requests were running when their clients left
     assert out["seconds_until_no_work"] is not None and out["seconds_until_no_work"] <= out["settle_s"], out
 
 
@@ -223,11 +221,12 @@ def test_replica_killed_under_load(faults: rel.Deployment, cluster: rel.Cluster)
 
 @pytest.mark.timeout(1200)
 def test_soak(faults: rel.Deployment, cluster: rel.Cluster) -> None:
-    """2,000 requests at concurrency 64 through tiny queues: nothing but back-pressure, memory flat."""
-    out = rel.scenario_soak(faults, cluster, requests=2000, concurrency=64, max_tokens=8)
+    """1,000 requests at concurrency 64 through tiny queues: nothing but back-pressure, memory flat
+    (``python -m benchmarks.reliability_bench`` runs 5,000; 2,000 with ``--quick``)."""
+    out = rel.scenario_soak(faults, cluster, requests=1000, concurrency=64, max_tokens=8)
     show("soak", out)
     load = out["load"]
-    assert load["sent"] == load["ok"] == 2000, out["failures"]
+    assert load["sent"] == load["ok"] == 1000, out["failures"]
     assert set(load["http_attempts"]) <= {"200", "503"}
     assert load["back_pressure_without_retry_after"] == 0
     assert out["rss_end_mib"] <= 1.15 * out["rss_start_mib"] + 300, out

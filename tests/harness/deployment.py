@@ -143,14 +143,26 @@ def deployed(config_path: Path, log_path: Path, admin_token: str, api_key: str |
 
 
 def haproxy_dir(pid: int) -> Path | None:
-    """The private HAProxy directory ``ebplus serve`` (``pid``) made (``EBPLUS_HAPROXY_DIR``), if any."""
+    """The private HAProxy directory of the deployment ``pid`` roots (``EBPLUS_HAPROXY_DIR``), if it runs one:
+    read off HAProxy's command line (``-f <dir>/<node id>/haproxy.cfg``), since ``ebplus serve`` sets the
+    variable after it started (``/proc/<pid>/environ`` shows the environment a process started with)."""
+    import psutil
+
+    from ebplus.deploy.serve_env import PRIVATE_PREFIX
+
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
         return None
-    for entry in environ:
-        if entry.startswith(b"EBPLUS_HAPROXY_DIR="):
-            return Path(entry.split(b"=", 1)[1].decode())
+    for proc in procs:
+        try:
+            argv = proc.cmdline()
+        except psutil.Error:
+            continue
+        for arg in argv:
+            path = Path(arg)
+            if path.name == "haproxy.cfg" and path.parent.parent.name.startswith(PRIVATE_PREFIX):
+                return path.parent.parent
     return None
 
 

@@ -265,6 +265,10 @@ def scenario_abandoned(
         except httpx.TimeoutException:
             return "left before the answer"
 
+    started = time.monotonic()  # the control: how long the engine works for one such request a client waits for
+    with httpx.Client(base_url=dep.base_url, timeout=300, headers=dep.api_headers) as client:
+        full = client.post("/v1/completions", json={**body, "stream": False})
+    full_answer_s = round(time.monotonic() - started, 2) if full.status_code == 200 else None
     outcomes: list[str] = []
     threads = [
         threading.Thread(target=lambda s=stream: outcomes.append(give_up(s)))
@@ -272,21 +276,27 @@ def scenario_abandoned(
     ]
     for t in threads:
         t.start()
+    time.sleep(leave_after_s * 0.7)
+    running_before = engine_running(cluster, replicas)  # the load landed: the engines work for the clients
     for t in threads:
         t.join()
     left_at = time.monotonic()
-    running_at_leave = engine_running(cluster, replicas)
-    drained_s = None
+    samples = []  # (seconds after the clients left, requests the engines run)
     while time.monotonic() - left_at < settle_s + 30:
-        if engine_running(cluster, replicas) == 0:
-            drained_s = round(time.monotonic() - left_at, 2)
+        running = engine_running(cluster, replicas)
+        samples.append((round(time.monotonic() - left_at, 2), running))
+        if running == 0 and len(samples) > 1 and samples[-2][1] == 0:  # twice in a row: drained
             break
-        time.sleep(0.25)
+        time.sleep(0.2)
+    busy = [t for t, running in samples if running > 0]
     return {
         "clients": len(threads),
         "outcomes": sorted(outcomes),
-        "running_when_they_left": running_at_leave,
-        "seconds_until_no_work": drained_s,
+        "full_answer_s": full_answer_s,
+        "running_before_they_left": running_before,
+        "running_when_they_left": samples[0][1],
+        "seconds_until_no_work": (busy[-1] if busy else 0.0) if samples[-1][1] == 0 else None,
+        "samples": samples,
         "settle_s": settle_s,
     }
 

@@ -6,10 +6,10 @@ from ebplus.deploy import serve_env
 
 
 def test_defaults_fill_only_what_is_unset() -> None:
-    env = {"RAY_SERVE_ENABLE_HA_PROXY": "0", "PATH": "/bin"}
+    env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0", "PATH": "/bin"}
     applied = serve_env.apply(env)
-    assert applied["RAY_SERVE_ENABLE_HA_PROXY"] == "0"  # turned back by the operator
-    assert applied["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    assert applied["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"  # turned back by the operator
+    assert applied["RAY_SERVE_ENABLE_HA_PROXY"] == "0"  # off by default (deploy/serve_env.py says why)
     assert set(applied) == set(serve_env.SERVE_ENV)  # HAProxy off: no ports of its own
     assert env["PATH"] == "/bin" and all(env[k] == v for k, v in applied.items())
 
@@ -29,7 +29,7 @@ def test_haproxy_gets_free_ports_of_its_own_unless_set() -> None:
     could not start. Each start takes free ones; an operator's value wins; HAProxy off: none set."""
     import socket
 
-    env: dict[str, str] = {}
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}  # an operator turned it on (it is off by default)
     applied = serve_env.apply(env)
     ports = [int(applied[key]) for key in serve_env.HAPROXY_PORTS]
     assert all(p not in (8404, 9101) and p > 0 for p in ports)
@@ -37,7 +37,7 @@ def test_haproxy_gets_free_ports_of_its_own_unless_set() -> None:
         with socket.socket() as sock:
             sock.bind(("0.0.0.0", port))
     serve_env.cleanup(env)
-    pinned_env = {"RAY_SERVE_HAPROXY_STATS_PORT": "18404"}
+    pinned_env = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_STATS_PORT": "18404"}
     pinned = serve_env.apply(pinned_env)
     assert pinned["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
     serve_env.cleanup(pinned_env)
@@ -61,7 +61,7 @@ def test_haproxy_files_are_private_to_the_deployment_and_removed_at_the_stop() -
     import sys
     from pathlib import Path
 
-    env: dict[str, str] = {}
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
     applied = serve_env.apply(env)
     private = Path(applied[serve_env.PRIVATE_DIR])
     try:
@@ -83,7 +83,7 @@ def test_haproxy_files_are_private_to_the_deployment_and_removed_at_the_stop() -
         assert serve_env.cleanup(env) == []  # twice is harmless
     finally:
         serve_env.cleanup(env)
-    pinned = {"RAY_SERVE_HAPROXY_SOCKET_PATH": "/run/ops/admin.sock"}
+    pinned = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_SOCKET_PATH": "/run/ops/admin.sock"}
     serve_env.apply(pinned)
     assert pinned["RAY_SERVE_HAPROXY_SOCKET_PATH"] == "/run/ops/admin.sock"  # the operator's value wins
     serve_env.cleanup(pinned)
@@ -97,3 +97,15 @@ def test_every_haproxy_setting_is_one_ray_serve_reads() -> None:
     source = (Path(ray_dir) / "serve" / "_private" / "constants.py").read_text()
     for key in (*serve_env.HAPROXY_PATHS, *serve_env.HAPROXY_LIMITS):
         assert f'"{key}"' in source, f"{key} is not a Ray Serve setting in this Ray version"
+
+
+def test_haproxy_socket_paths_stay_within_what_haproxy_accepts() -> None:
+    """HAProxy refuses a log socket path over 97 characters, and Ray adds its 56-character node id to each."""
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    serve_env.apply(env)
+    try:
+        for key in ("RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"):
+            directory, name = env[key].rsplit("/", 1)
+            assert len(f"{directory}/{'0' * serve_env.NODE_ID_CHARS}/{name}") <= serve_env.HAPROXY_SOCKET_PATH_MAX
+    finally:
+        serve_env.cleanup(env)
