@@ -262,6 +262,9 @@ SERVERS: dict[str, ServerSpec] = {
         ServerSpec("vllm", "a", "vLLM OpenAI server (stock scheduler)", start_vllm),
         ServerSpec("ray-llm", "b", "Ray Serve LLM build_openai_app", start_ray_llm),
         ServerSpec("ebplus-mb", "c", "ebplus serve, mode mb", ebplus_starter("mb")),
+        ServerSpec("ebplus-auto", "d", "ebplus serve, mode auto", ebplus_starter("auto")),
+        ServerSpec("vllm-plugin", "e", "vLLM OpenAI server + EB+ plugin, mode mb", start_vllm_plugin, plugin_missing),
+        # (c) with HAProxy in front and without: what RAY_SERVE_ENABLE_HA_PROXY costs (not in the default list)
         ServerSpec(
             "ebplus-mb-haproxy",
             "c+",
@@ -274,8 +277,6 @@ SERVERS: dict[str, ServerSpec] = {
             "ebplus serve, mode mb, Ray Serve's proxy in front (RAY_SERVE_ENABLE_HA_PROXY=0)",
             ebplus_starter("mb", {"RAY_SERVE_ENABLE_HA_PROXY": "0"}, "-no-haproxy"),
         ),
-        ServerSpec("ebplus-auto", "d", "ebplus serve, mode auto", ebplus_starter("auto")),
-        ServerSpec("vllm-plugin", "e", "vLLM OpenAI server + EB+ plugin, mode mb", start_vllm_plugin, plugin_missing),
     )
 }
 

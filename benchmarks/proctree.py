@@ -30,6 +30,8 @@ from pathlib import Path
 
 import psutil
 
+from harness.deployment import process_tree
+
 #: Process roles by command line (``setproctitle`` names of Ray and vLLM), first match wins.
 ROLES: tuple[tuple[str, str], ...] = (
     ("VLLM::Worker", "model worker"),
@@ -72,12 +74,7 @@ def _thread_name(pid: int, tid: int) -> str:
 def tree_cpu(root_pid: int) -> dict[int, ProcCpu]:
     """CPU times of a process and all its descendants (and of each of their threads), now."""
     out: dict[int, ProcCpu] = {}
-    try:
-        root = psutil.Process(root_pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return out
-    for p in procs:
+    for p in process_tree(root_pid):
         with contextlib.suppress(psutil.Error), p.oneshot():
             t = p.cpu_times()
             cmd = " ".join(p.cmdline()) or p.name()

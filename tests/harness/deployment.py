@@ -150,11 +150,7 @@ def haproxy_dir(pid: int) -> Path | None:
 
     from ebplus.deploy.serve_env import PRIVATE_PREFIX
 
-    try:
-        procs = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return None
-    for proc in procs:
+    for proc in process_tree(pid):
         try:
             argv = proc.cmdline()
         except psutil.Error:
@@ -223,17 +219,23 @@ def stop_session(proc: subprocess.Popen, timeout_s: float = 120) -> None:
     proc.wait()
 
 
+def process_tree(pid: int) -> list:
+    """``pid``'s ``psutil.Process`` and all its descendants (none when it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of a process and all its descendants (Ray's GCS, raylet, workers, engine cores)."""
     import psutil
 
     total = 0
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    for p in procs:
+    for p in process_tree(pid):
         with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
     return total

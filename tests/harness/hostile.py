@@ -17,7 +17,7 @@ import httpx
 
 from ebplus.controller.actor import SNAPSHOT_TTL_S
 from harness.cluster import Cluster
-from harness.deployment import Deployment
+from harness.deployment import Deployment, process_tree
 
 
 def hostile_requests(model: str) -> list[tuple[str, str, str, bytes | dict, str | None]]:
@@ -306,12 +306,7 @@ def listeners(pid: int) -> list[dict]:
     import psutil
 
     out = []
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return out
-    for proc in procs:
+    for proc in process_tree(pid):
         try:
             conns = proc.net_connections(kind="tcp")
             name = " ".join(proc.cmdline()[:3])[:120]
