@@ -146,10 +146,8 @@ if [ "$vllm_version" != "$pinned" ]; then
   while IFS= read -r req; do [ -z "$req" ] || requirements+=("$req"); done < <(release_pins "$vllm_version")
 fi
 step "installing ebplus-serve[$extras] with vLLM $vllm_version into $venv (first run: a few minutes, ~3.5 GB)"
-# --no-compile: pip would byte-compile every file of ~220 packages (torch, vLLM, Ray: most of the
-# install's time on 2 cores); Python compiles a module when it is first imported instead.
 logged "pip install ${requirements[*]}" \
-  "$venv/bin/python" -m pip --disable-pip-version-check install --no-compile --progress-bar off "${requirements[@]}"
+  "$venv/bin/python" -m pip --disable-pip-version-check install --progress-bar off "${requirements[@]}"
 
 if has_extra cpu; then
   logged "removing the CUDA builds of torchvision/torchaudio/torchcodec (they break transformers beside CPU torch)" \

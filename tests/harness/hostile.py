@@ -239,10 +239,11 @@ def engine_running(cluster: Cluster, replicas: int) -> int:
 
 
 def scenario_abandoned(
-    dep: Deployment, cluster: Cluster, replicas: int, clients: int = 2, leave_after_s: float = 1.5, settle_s: float = 5.0
+    dep: Deployment, cluster: Cluster, replicas: int, clients: int = 2, leave_after_s: float = 4.0, settle_s: float = 5.0
 ) -> dict:
     """Clients that give up: non-streamed and streamed requests for long answers, dropped after
-    ``leave_after_s``; how long the engines go on working for them (target: 0 running within ``settle_s``).
+    ``leave_after_s`` (long enough for the engines to take them on a loaded machine); how long the engines go
+    on working for them (target: 0 running within ``settle_s``).
 
     Without cancellation a non-streamed answer is generated in full for nobody (nothing is
     written until it is done, so nothing notices the client left).
@@ -276,8 +277,10 @@ def scenario_abandoned(
     ]
     for t in threads:
         t.start()
-    time.sleep(leave_after_s * 0.7)
-    running_before = engine_running(cluster, replicas)  # the load landed: the engines work for the clients
+    running_before = 0  # the most the engines ran for the clients before they left: the load landed
+    while any(t.is_alive() for t in threads):
+        running_before = max(running_before, engine_running(cluster, replicas))
+        time.sleep(0.2)
     for t in threads:
         t.join()
     left_at = time.monotonic()
