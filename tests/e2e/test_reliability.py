@@ -85,14 +85,6 @@ def test_only_loopback_serves_the_api_and_no_haproxy_runs(faults: rel.Deployment
 
 
 @pytest.mark.timeout(300)
-def test_clients_that_leave_leave_no_engine_work_behind(faults: rel.Deployment, cluster: rel.Cluster) -> None:
-    out = rel.scenario_abandoned(faults, cluster, replicas=faults.config.replicas.num_replicas)
-    show("abandoned", out)
-    assert out["running_before_they_left"] > 0, out  # the requests were running when their clients left
-    assert out["seconds_until_no_work"] is not None and out["seconds_until_no_work"] <= out["settle_s"], out
-
-
-@pytest.mark.timeout(300)
 def test_credentials_enforced_never_echoed_never_logged(faults: rel.Deployment, cluster: rel.Cluster) -> None:
     out = rel.scenario_secrets(faults, cluster)
     show("secrets", out)
