@@ -210,11 +210,6 @@ def parse_body(body: bytes, content_type: str | None) -> tuple[tuple[int, str] |
     return None, parsed
 
 
-def body_problem(body: bytes, content_type: str | None) -> tuple[int, str] | None:
-    """The problem :func:`parse_body` finds, without the value."""
-    return parse_body(body, content_type)[0]
-
-
 class JsonBodyGuard:
     """Refuse request bodies the JSON stack below would choke on (500s otherwise).
 
