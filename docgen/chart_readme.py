@@ -5,7 +5,7 @@ is one more page of :mod:`docgen.reference` (``python -m docgen.reference`` writ
 and the test of the reference pages fails when it is stale): the chart's metadata from
 ``Chart.yaml``, how to install and test it, the alerts of ``rules/ebplus-alerts.yaml``,
 and the values table of the docs site's Helm values page (the values schema's models,
-:class:`ebplus.deploy.helm_values.ChartValues`, with the defaults of ``values.yaml``).
+:class:`docgen.helm_values.ChartValues`, with the defaults of ``values.yaml``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ text by hand:
 * ``metrics.md`` lists :data:`ebplus.controller.exporter.METRICS`;
 * ``cli.md`` walks the parser of :func:`ebplus.cli.build_parser` (every subcommand,
   its description, usage, arguments and help);
-* ``helm-values.md`` walks :class:`ebplus.deploy.helm_values.ChartValues`, with the
+* ``helm-values.md`` walks :class:`docgen.helm_values.ChartValues`, with the
   chart's defaults read from ``helm/ebplus/values.yaml``.
 
 The dashboards page (``docs/reference/dashboards.md``) has its own generator,
@@ -352,8 +352,8 @@ HELM_VALUES_HEADER = ("Key", "Type", "Bounds", "Chart default", "Description")
 
 def helm_values_rows(config_page: str = "config.md") -> list[tuple[str, ...]]:
     """One row per chart value (``ChartValues`` walked); ``config_page`` is the link to the config reference."""
+    from docgen.helm_values import ChartValues
     from ebplus.deploy.config import ServeConfig
-    from ebplus.deploy.helm_values import ChartValues
 
     values = yaml.safe_load(VALUES_YAML.read_text())
     rows = []
@@ -374,11 +374,11 @@ def render_helm_values() -> str:
     lines = [
         "# Helm chart values",
         "",
-        banner("`ebplus.deploy.helm_values.ChartValues` and `helm/ebplus/values.yaml`"),
+        banner("`docgen.helm_values.ChartValues` and `helm/ebplus/values.yaml`"),
         "",
         "Every value of the `helm/ebplus` chart. *Chart default* is what `values.yaml` sets (for `workerGroups[]`,",
         "its first group), else the schema's default; `values.schema.json` is generated from the same models (`python -m",
-        "ebplus.deploy.helm_values`), so `helm install` and `helm lint` refuse a value outside these types and",
+        "docgen.helm_values`), so `helm install` and `helm lint` refuse a value outside these types and",
         "bounds, naming it. The [Kubernetes guide](../kubernetes/index.md) shows them in use.",
         "",
         *table(HELM_VALUES_HEADER, helm_values_rows()),

@@ -36,8 +36,8 @@ from ray.serve.schema import ServeDeploySchema
 
 from docgen import reference
 from docgen.chart_readme import README_PATH, render_readme
+from docgen.helm_values import SCHEMA_PATH, ChartValues, render_schema
 from ebplus.deploy.config import load_config, parse_config
-from ebplus.deploy.helm_values import SCHEMA_PATH, ChartValues, render_schema
 
 CHART = REPO / "helm" / "ebplus"
 CRD = REPO.parent / "shared" / "schemas" / "ray.io_rayservices.yaml"
@@ -114,7 +114,7 @@ def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
 
 
 def test_values_schema_is_generated() -> None:
-    assert SCHEMA_PATH.read_text() == render_schema(), "stale: run `python -m ebplus.deploy.helm_values`"
+    assert SCHEMA_PATH.read_text() == render_schema(), "stale: run `python -m docgen.helm_values`"
 
 
 def test_chart_readme_is_generated_and_documents_every_value() -> None:
@@ -123,7 +123,7 @@ def test_chart_readme_is_generated_and_documents_every_value() -> None:
     rows = reference.helm_values_rows()
     assert {r[0] for r in rows} >= {"`global`", "`helmTest.enabled`", "`monitoring.prometheusRule.enabled`"}
     undocumented = [r[0] for r in rows if not r[-1].strip()]
-    assert not undocumented, f"chart values without a description in deploy/helm_values.py: {undocumented}"
+    assert not undocumented, f"chart values without a description in docgen/helm_values.py: {undocumented}"
 
 
 def test_default_config_is_the_gpu_example() -> None:

@@ -1,7 +1,7 @@
 """The docs site and README stay true to the code: reference pages, routes, commands, layout, links.
 
 Each test reads a fact from the code (``ebplus.controller.exporter.METRICS``, the pydantic models of
-``ebplus.deploy.config`` and ``ebplus.deploy.helm_values``, the admin router, the Makefile,
+``ebplus.deploy.config`` and ``docgen.helm_values``, the admin router, the Makefile,
 ``ebplus.cli``, the package directories, the generators) and fails naming what the docs lack or get
 wrong. The generated reference pages make several facts true by construction, so for those the test
 checks the generator against an independent walk of the code, and that the committed page is current.
@@ -173,7 +173,7 @@ def test_cli_reference_has_every_subcommand_and_option() -> None:
 
 def chart_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
     """Leaf value paths of the chart (``workerGroups[].name``); the ``config`` block is one entry."""
-    from ebplus.deploy.helm_values import ChartValues
+    from docgen.helm_values import ChartValues
 
     paths = set()
     for name, info in model.model_fields.items():
@@ -190,7 +190,7 @@ def chart_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
 
 
 def test_helm_reference_has_every_value() -> None:
-    from ebplus.deploy.helm_values import ChartValues
+    from docgen.helm_values import ChartValues
 
     rows = {first_code(cells[0]) for cells in table_rows(reference.render_helm_values())}
     expected = chart_paths(ChartValues)

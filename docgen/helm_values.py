@@ -7,8 +7,8 @@ the Ray Serve application in the RayService's ``serveConfigV2``. Everything else
 described by :class:`ChartValues` below, so ``helm install`` rejects a bad value
 with the field named before anything reaches the cluster.
 
-    python -m ebplus.deploy.helm_values            # rewrite helm/ebplus/values.schema.json
-    python -m ebplus.deploy.helm_values --check    # exit 1 if the committed file is stale
+    python -m docgen.helm_values            # rewrite helm/ebplus/values.schema.json
+    python -m docgen.helm_values --check    # exit 1 if the committed file is stale
 
 A test (``tests/helm/test_chart.py``) fails when the committed schema differs from
 the generated one, and validates the chart's values files against these models.
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.output.read_text() if args.output.exists() else ""
         if current != text:
-            print(f"{args.output} is stale: run `python -m ebplus.deploy.helm_values`", file=sys.stderr)
+            print(f"{args.output} is stale: run `python -m docgen.helm_values`", file=sys.stderr)
             return 1
         return 0
     args.output.write_text(text)
