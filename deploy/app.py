@@ -32,15 +32,20 @@ def model_path(cfg: ServeConfig, build: bool = False) -> str:
         return sources.parse(source).for_vllm()  # a Hub id (hf:// dropped) or an absolute directory
     from ebplus.deploy import models
 
-    name = source.removeprefix("builtin:")
-    builders = {"smollm2": models.build_smollm2, "tiny": models.build_tiny_llama}
-    dirnames = {"smollm2": models.SMOLLM2_DIRNAME, "tiny": "tiny-llama-seed0"}
-    if name not in builders:
-        raise ValueError(f"model.source: unknown builtin model {source!r}; choose one of {sorted(builders)}")
-    cache = Path(cfg.model.cache_dir).expanduser().resolve()
+    name, cache = builtin_spec(cfg)
     if build:
-        return str(builders[name](cache, log=lambda msg: print(f"[model] {msg}", flush=True)))
-    return str(cache / dirnames[name])
+        return str(models.build_builtin(name, Path(cache), log=lambda msg: print(f"[model] {msg}", flush=True)))
+    return str(models.builtin_dir(name, Path(cache)))
+
+
+def builtin_spec(cfg: ServeConfig) -> tuple[str, str]:
+    """``(name, absolute cache directory)`` of a builtin ``model.source``.
+
+    A relative ``cache_dir`` is resolved against the working directory of the
+    process that builds the application, once, so the replicas build where the
+    application said, whatever their own working directory.
+    """
+    return cfg.model.source.removeprefix("builtin:"), str(Path(cfg.model.cache_dir).expanduser().resolve())
 
 
 def request_limits(cfg: ServeConfig) -> dict[str, str]:
@@ -113,6 +118,20 @@ def start_controller_for(cfg: ServeConfig):
     return ensure_controller(cfg.controller)
 
 
+def replica_builds(models: Iterable[ServeConfig], built: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """Model id -> :func:`builtin_spec`, for each builtin model the replicas must build themselves.
+
+    ``ebplus serve`` builds builtins before it builds the application (``built``: their
+    paths). KubeRay runs this builder on the head, and the replicas on other pods, so a
+    builtin nobody built is built by each replica on its own node before its engine starts.
+    """
+    return {
+        m.model.id: builtin_spec(m)
+        for m in models
+        if m.model.id not in built and m.model.source.startswith("builtin:")
+    }
+
+
 def model_paths(cfg: ServeConfig, build: bool = False) -> dict[str, str]:
     """:func:`model_path` of every model of the deployment, by model id."""
     return {model.model.id: model_path(model, build) for model in cfg.models()}
@@ -136,9 +155,12 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
     models = cfg.models()
     sources = dict(model_sources or {})
     llms = {m.model.id: llm_config(m, sources.get(m.model.id) or model_path(m)) for m in models}
+    unbuilt = replica_builds(models, sources)
     replicas = {
         m.model.id: build_llm_deployment(
-            llms[m.model.id], deployment_cls=EBPlusServer, bind_kwargs={"replicas": m.replicas, "mode": m.scheduler.mode}
+            llms[m.model.id],
+            deployment_cls=EBPlusServer,
+            bind_kwargs={"replicas": m.replicas, "mode": m.scheduler.mode, "builtin_model": unbuilt.get(m.model.id)},
         )
         for m in models
     }

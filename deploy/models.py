@@ -400,6 +400,25 @@ def build_tiny_llama(cache_dir: Path, seed: int = 0, log: Log = _quiet) -> Path:
     return _build_atomically(out_dir, "tiny-llama", build, log)
 
 
+#: builtin name -> (builder, directory name under the cache).
+BUILTIN_DIRS = {"smollm2": SMOLLM2_DIRNAME, "tiny": "tiny-llama-seed0"}
+
+
+def builtin_dir(name: str, cache_dir: Path) -> Path:
+    """Where builtin ``name`` is (or will be) built under ``cache_dir``."""
+    if name not in BUILTIN_DIRS:
+        raise ValueError(f"model.source: unknown builtin model 'builtin:{name}'; choose one of {sorted(BUILTIN_DIRS)}")
+    return cache_dir / BUILTIN_DIRS[name]
+
+
+def build_builtin(name: str, cache_dir: Path, log: Log = _quiet) -> Path:
+    """Build builtin ``name`` under ``cache_dir`` (idempotent, safe against concurrent builders)."""
+    builtin_dir(name, cache_dir)  # the name is checked before any work
+    if name == "smollm2":
+        return build_smollm2(cache_dir, log=log)
+    return build_tiny_llama(cache_dir, log=log)
+
+
 # --------------------------------------------------------------------------- CLI
 
 

@@ -50,7 +50,17 @@ class EBPlusServer(LLMServer):
         mode: the configured scheduler mode (registered with the controller).
     """
 
-    async def __init__(self, llm_config: Any, *, replicas: ReplicaSection, mode: Mode, **kwargs: Any) -> None:
+    async def __init__(
+        self,
+        llm_config: Any,
+        *,
+        replicas: ReplicaSection,
+        mode: Mode,
+        builtin_model: tuple[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if builtin_model is not None:
+            llm_config.model_loading_config.model_source = await _build_here(*builtin_model)
         self._section = replicas
         self._pump = TelemetryPump(
             _replica_id(),
@@ -149,6 +159,23 @@ class EBPlusServer(LLMServer):
             "push_failures": pump.push_failures,
             "outbox": {"completions": len(pump.outbox.completions), "steps": len(pump.outbox.steps)},
         }
+
+
+async def _build_here(name: str, cache_dir: str) -> str:
+    """Build builtin model ``name`` on this node (idempotent; concurrent replicas wait on one lock).
+
+    Args:
+        name: the builtin (``tiny``, ``smollm2``).
+        cache_dir: an absolute directory, as the application builder resolved it.
+    """
+    from pathlib import Path
+
+    # NOTE: the builders live in the deploy package beside ``ebplus build-model``; imported here
+    # only, so a replica serving a Hub or local model never loads them.
+    from ebplus.deploy.models import build_builtin
+
+    path = await asyncio.to_thread(build_builtin, name, Path(cache_dir), lambda msg: logger.info("model: %s", msg))
+    return str(path)
 
 
 def _replica_id() -> str:

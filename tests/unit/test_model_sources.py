@@ -120,3 +120,23 @@ def test_missing_and_non_directory_paths(tmp_path: Path) -> None:
     assert "does not exist" in (sources.model_dir_problem(tmp_path / "nope") or "")
     (tmp_path / "file").write_text("x")
     assert "is not a directory" in (sources.model_dir_problem(tmp_path / "file") or "")
+
+
+def test_a_builtin_nobody_built_is_built_by_the_replicas_where_the_builder_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KubeRay runs the app builder on the head and the replicas on other pods: a builtin the CLI did not
+    build is handed to the replicas (name + absolute cache directory); a built one, a Hub id or a path is not."""
+    from ebplus.deploy import app
+
+    monkeypatch.chdir(tmp_path)
+    base = {"replicas": {"accelerator": "cpu"}, "engine": {"cpu_kv_cache_gib": 1}}
+    tiny = parse_config({**base, "model": {"id": "t", "source": "builtin:tiny", "cache_dir": "cache"}}, "args")
+    hub = parse_config({**base, "model": {"id": "q", "source": "Qwen/Qwen3-8B"}}, "args")
+    assert app.replica_builds([tiny, hub], {}) == {"t": ("tiny", str(tmp_path / "cache"))}
+    assert app.replica_builds([tiny], {"t": "/built/by/the/cli"}) == {}
+    assert app.model_path(tiny) == str(tmp_path / "cache" / "tiny-llama-seed0")
+    with pytest.raises(ValueError, match="unknown builtin model 'builtin:nope'"):
+        from ebplus.deploy.models import build_builtin
+
+        build_builtin("nope", tmp_path)
