@@ -13,7 +13,8 @@ ingress.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def model_path(cfg: ServeConfig, build: bool = False) -> str:
 
     name, cache = builtin_spec(cfg)
     if build:
-        return str(models.build_builtin(name, Path(cache), log=lambda msg: print(f"[model] {msg}", flush=True)))
+        return str(models.build_builtin(name, Path(cache), log=models.log_line))
     return str(models.builtin_dir(name, Path(cache)))
 
 
@@ -118,18 +119,27 @@ def start_controller_for(cfg: ServeConfig):
     return ensure_controller(cfg.controller)
 
 
-def replica_builds(models: Iterable[ServeConfig], built: Mapping[str, str]) -> dict[str, tuple[str, str]]:
-    """Model id -> :func:`builtin_spec`, for each builtin model the replicas must build themselves.
+def replica_builds(models: Iterable[ServeConfig], built: Mapping[str, str]) -> dict[str, Callable[[], Path]]:
+    """Model id -> the build each replica runs first, for each builtin model nobody built yet.
 
     ``ebplus serve`` builds builtins before it builds the application (``built``: their
     paths). KubeRay runs this builder on the head, and the replicas on other pods, so a
-    builtin nobody built is built by each replica on its own node before its engine starts.
+    builtin nobody built is built by each replica on its own node before its engine starts
+    (idempotent and locked: replicas of one node build it once). The replica gets a
+    callable, not this module: the replica package sits below the deployment's.
     """
+    from ebplus.deploy import models as builders
+
     return {
-        m.model.id: builtin_spec(m)
+        m.model.id: functools.partial(builders.build_builtin, *_spec_args(m), log=builders.log_line)
         for m in models
         if m.model.id not in built and m.model.source.startswith("builtin:")
     }
+
+
+def _spec_args(cfg: ServeConfig) -> tuple[str, Path]:
+    name, cache = builtin_spec(cfg)
+    return name, Path(cache)
 
 
 def model_paths(cfg: ServeConfig, build: bool = False) -> dict[str, str]:
@@ -160,7 +170,7 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
         m.model.id: build_llm_deployment(
             llms[m.model.id],
             deployment_cls=EBPlusServer,
-            bind_kwargs={"replicas": m.replicas, "mode": m.scheduler.mode, "builtin_model": unbuilt.get(m.model.id)},
+            bind_kwargs={"replicas": m.replicas, "mode": m.scheduler.mode, "prepare_model": unbuilt.get(m.model.id)},
         )
         for m in models
     }

@@ -411,6 +411,11 @@ def builtin_dir(name: str, cache_dir: Path) -> Path:
     return cache_dir / BUILTIN_DIRS[name]
 
 
+def log_line(msg: str) -> None:
+    """A builder's progress line on stdout (the CLI's terminal; a replica's log under Ray)."""
+    print(f"[model] {msg}", flush=True)
+
+
 def build_builtin(name: str, cache_dir: Path, log: Log = _quiet) -> Path:
     """Build builtin ``name`` under ``cache_dir`` (idempotent, safe against concurrent builders)."""
     builtin_dir(name, cache_dir)  # the name is checked before any work

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from ray.serve.llm import LLMServer
@@ -56,11 +57,12 @@ class EBPlusServer(LLMServer):
         *,
         replicas: ReplicaSection,
         mode: Mode,
-        builtin_model: tuple[str, str] | None = None,
+        prepare_model: Callable[[], Path] | None = None,
         **kwargs: Any,
     ) -> None:
-        if builtin_model is not None:
-            llm_config.model_loading_config.model_source = await _build_here(*builtin_model)
+        if prepare_model is not None:  # a model to build on this node first (the app builder says which)
+            path = await asyncio.to_thread(prepare_model)
+            llm_config.model_loading_config.model_source = str(path)
         self._section = replicas
         self._pump = TelemetryPump(
             _replica_id(),
@@ -159,23 +161,6 @@ class EBPlusServer(LLMServer):
             "push_failures": pump.push_failures,
             "outbox": {"completions": len(pump.outbox.completions), "steps": len(pump.outbox.steps)},
         }
-
-
-async def _build_here(name: str, cache_dir: str) -> str:
-    """Build builtin model ``name`` on this node (idempotent; concurrent replicas wait on one lock).
-
-    Args:
-        name: the builtin (``tiny``, ``smollm2``).
-        cache_dir: an absolute directory, as the application builder resolved it.
-    """
-    from pathlib import Path
-
-    # NOTE: the builders live in the deploy package beside ``ebplus build-model``; imported here
-    # only, so a replica serving a Hub or local model never loads them.
-    from ebplus.deploy.models import build_builtin
-
-    path = await asyncio.to_thread(build_builtin, name, Path(cache_dir), lambda msg: logger.info("model: %s", msg))
-    return str(path)
 
 
 def _replica_id() -> str:

@@ -133,7 +133,10 @@ def test_a_builtin_nobody_built_is_built_by_the_replicas_where_the_builder_said(
     base = {"replicas": {"accelerator": "cpu"}, "engine": {"cpu_kv_cache_gib": 1}}
     tiny = parse_config({**base, "model": {"id": "t", "source": "builtin:tiny", "cache_dir": "cache"}}, "args")
     hub = parse_config({**base, "model": {"id": "q", "source": "Qwen/Qwen3-8B"}}, "args")
-    assert app.replica_builds([tiny, hub], {}) == {"t": ("tiny", str(tmp_path / "cache"))}
+    builds = app.replica_builds([tiny, hub], {})
+    assert list(builds) == ["t"]
+    assert builds["t"].args == ("tiny", tmp_path / "cache")  # absolute: resolved where the builder ran
+    assert builds["t"].func.__name__ == "build_builtin"
     assert app.replica_builds([tiny], {"t": "/built/by/the/cli"}) == {}
     assert app.model_path(tiny) == str(tmp_path / "cache" / "tiny-llama-seed0")
     with pytest.raises(ValueError, match="unknown builtin model 'builtin:nope'"):
