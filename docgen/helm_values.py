@@ -10,6 +10,12 @@ with the field named before anything reaches the cluster.
     python -m docgen.helm_values            # rewrite helm/ebplus/values.schema.json
     python -m docgen.helm_values --check    # exit 1 if the committed file is stale
 
+It also writes ``helm/ebplus/files/serve-env.yaml``: Ray Serve's throughput settings,
+copied from :data:`ebplus.deploy.serve_env.SERVE_ENV` (what ``ebplus serve`` sets and
+``docs/benchmarks/overhead.md`` measured), because a chart can only read files inside
+itself (``.Files.Get``), not the Python module. Generated rather than hand-copied, so the
+chart cannot drift from the benchmarked list; ``--check`` fails when either file is stale.
+
 A test (``tests/helm/test_chart.py``) fails when the committed schema differs from
 the generated one, and validates the chart's values files against these models.
 """
@@ -20,15 +26,20 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ebplus.deploy.config import ServeConfig
+from ebplus.deploy.serve_env import SERVE_ENV
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "helm" / "ebplus" / "values.schema.json"
+CHART_DIR = Path(__file__).resolve().parent.parent / "helm" / "ebplus"
+SCHEMA_PATH = CHART_DIR / "values.schema.json"
+SERVE_ENV_PATH = CHART_DIR / "files" / "serve-env.yaml"
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)?$"
+ABSOLUTE = r"^/"
 Quantity = str | int | float
 
 
@@ -66,9 +77,7 @@ class _PodGroup(_Values):
     env: list[dict[str, Any]] = Field(default_factory=list, description="Extra container env entries.")
     volumes: list[dict[str, Any]] = Field(default_factory=list, description="Extra pod volumes.")
     volumeMounts: list[dict[str, Any]] = Field(default_factory=list, description="Extra container volume mounts.")
-    shmSize: str = Field(
-        "8Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)?$", description="Size of the /dev/shm memory volume."
-    )
+    shmSize: str = Field("8Gi", pattern=QUANTITY, description="Size of the /dev/shm memory volume.")
 
 
 class Head(_PodGroup):
@@ -104,10 +113,25 @@ class ApiKey(_Values):
 
 
 class Auth(_Values):
-    """The admin bearer token (and optional /v1 API key) come from a Secret, never from values."""
+    """The admin bearer token (and optional /v1 API key) come from a Secret, never from values.
+
+    The documented path is a Secret the operator creates once (``kubectl create secret generic
+    ebplus-auth --from-literal=admin-token=$(openssl rand -hex 24)``): a generated one would
+    change on every ``helm template`` / Argo CD render, since those cannot ``lookup`` the old one.
+    """
 
     existingSecret: str = Field(
-        "", description="Name of an existing Secret holding the token(s); empty: the chart generates one."
+        "ebplus-auth",
+        description="Name of the Secret holding the token(s): create it before installing (`kubectl create secret "
+        "generic ebplus-auth --from-literal=admin-token=$(openssl rand -hex 24)`), or let `generate` create it. "
+        "Empty: `<fullname>-auth`.",
+    )
+    generate: bool = Field(
+        False,
+        description="The chart creates that Secret itself with random tokens, kept across upgrades (read back "
+        "through `lookup`) and left in place by `helm uninstall` (`helm.sh/resource-policy: keep`). Only for "
+        "`helm install`/`upgrade` from a shell: `helm template` and Argo CD cannot look the old Secret up, so "
+        "they would render new random tokens on every sync.",
     )
     adminTokenKey: str = Field("admin-token", min_length=1, description="Key of the admin token inside the Secret.")
     apiKey: ApiKey = Field(default_factory=ApiKey, description="Optional /v1 API key.")
@@ -120,6 +144,199 @@ class ModelStorage(_Values):
     existingClaim: str = Field("", description="Name of the PersistentVolumeClaim.")
     mountPath: str = Field("/models", pattern=r"^/", description="Where the claim is mounted (head and workers).")
     readOnly: bool = Field(True, description="Mount read-only.")
+
+
+class HfCache(_Values):
+    """The Hugging Face cache (``HF_HOME``) on every Ray pod: where vLLM downloads Hub models.
+
+    Without it each container downloads into its own filesystem (read-only here) and again
+    after every restart; an emptyDir keeps a download for the pod's life, a claim across pods.
+    """
+
+    mountPath: str = Field(
+        "/home/ray/.cache/huggingface",
+        pattern=ABSOLUTE,
+        description="Where the cache is mounted; HF_HOME is set to it on every Ray container.",
+    )
+    existingClaim: str = Field(
+        "",
+        description="A PersistentVolumeClaim holding the cache (ReadWriteMany when several pods share it); empty: "
+        "an emptyDir per pod.",
+    )
+    sizeLimit: str = Field("200Gi", pattern=QUANTITY, description="Size limit of the emptyDir (no existingClaim).")
+
+
+class HuggingFace(_Values):
+    """Access to the Hugging Face Hub: the token gated models need, and the download cache."""
+
+    token: str = Field(
+        "",
+        description="Hub token in clear; the chart stores it in the Secret `<fullname>-hf` (key `token`). Prefer "
+        "`existingSecret`: a token in a values file ends up in Git and in Helm's release history.",
+    )
+    existingSecret: str = Field(
+        "", description="Existing Secret with the Hub token (wins over `token`); HF_TOKEN comes from it."
+    )
+    existingSecretKey: str = Field("token", min_length=1, description="Key of the token in `existingSecret`.")
+    cache: HfCache = Field(default_factory=HfCache, description="The model cache volume (HF_HOME).")
+
+
+def _serve_env_text() -> str:
+    return ", ".join(f"{k}={v}" for k, v in SERVE_ENV.items())
+
+
+class ServingPlane(_Values):
+    """Ray Serve's settings on the Ray pods: the serving plane that was benchmarked."""
+
+    tuned: bool = Field(
+        True,
+        description="Set on every Ray container what `ebplus serve` sets (`ebplus.deploy.serve_env.SERVE_ENV`, "
+        f"copied to files/serve-env.yaml by the generator): {_serve_env_text()}. Ray Serve's throughput mode and "
+        "slower control and metrics loops halve the serving plane's CPU per output token "
+        "(docs/benchmarks/overhead.md); HAProxy stays off (a client's abort would not reach the engine). A "
+        "variable in head.env or a group's env wins; false: Ray Serve's defaults.",
+    )
+
+
+class RayAuth(_Values):
+    """Ray's own token authentication (KubeRay >= 1.5.1 ``authOptions``): GCS, dashboard and client refuse a
+    caller without the token, so a pod that reaches the head cannot submit jobs (run code on the GPU nodes)."""
+
+    enabled: bool = Field(True, description="`rayClusterConfig.authOptions: {mode: token}` (Ray >= 2.52).")
+    existingSecret: str = Field(
+        "",
+        description="Secret with the Ray token under key `auth_token`; empty: KubeRay generates one per RayCluster "
+        "(named after it).",
+    )
+
+
+class PeerSelectors(_Values):
+    """Which pods a NetworkPolicy rule admits: ``namespaceSelector`` AND ``podSelector`` (one peer)."""
+
+    namespaceSelector: dict[str, Any] | None = Field(
+        default_factory=dict,
+        description="Namespaces of the peer pods (a LabelSelector); `{}`: every namespace; null: the release's own.",
+    )
+    podSelector: dict[str, Any] = Field(default_factory=dict, description="The peer pods (a LabelSelector).")
+
+
+class ServePeers(_Values):
+    """Who may reach the Serve HTTP port (OpenAI API, /admin, /metrics, /health)."""
+
+    from_: list[dict[str, Any]] = Field(
+        default_factory=list,
+        alias="from",
+        description="NetworkPolicyPeers admitted to config.http.port; empty: from anywhere. With `ingress.enabled` "
+        "and a list here, include the ingress controller's pods (e.g. `{namespaceSelector: {matchLabels: "
+        "{kubernetes.io/metadata.name: ingress-nginx}}}`).",
+    )
+
+
+class NetworkPolicy(_Values):
+    """Ingress to the Ray pods: the release's own pods on every port, the KubeRay operator on the dashboard and
+    its agent, Prometheus on the metrics and Serve ports, and the Serve port as configured. GCS (6379), the Ray
+    client (10001) and the dashboard (8265) are closed to everyone else. Egress stays open (Hub downloads)."""
+
+    enabled: bool = Field(True, description="Render the NetworkPolicy (needs a CNI that enforces it).")
+    operator: PeerSelectors = Field(
+        default_factory=lambda: PeerSelectors(podSelector={"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}),
+        description="The KubeRay operator's pods: admitted to the dashboard (8265) and the dashboard agent (52365).",
+    )
+    prometheus: PeerSelectors = Field(
+        default_factory=lambda: PeerSelectors(podSelector={"matchLabels": {"app.kubernetes.io/name": "prometheus"}}),
+        description="Prometheus' pods: admitted to Ray's metrics port and the Serve port (/metrics).",
+    )
+    serve: ServePeers = Field(default_factory=ServePeers, description="The Serve HTTP port.")
+
+
+#: Pod Security "restricted" for the ray-llm image (user ray, uid 1000, gid 100).
+POD_SECURITY_CONTEXT = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 100,
+    "fsGroup": 100,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "readOnlyRootFilesystem": True,
+}
+WRITABLE_PATHS = ["/tmp", "/home/ray/.cache", "/home/ray/.config", "/home/ray/.triton"]
+
+
+class ControllerState(_Values):
+    """A volume for the EB+ controller's state (``controller.state_dir``), so its estimates and overrides
+    survive the head: by default they live in Ray's KV store, in the head's GCS memory."""
+
+    enabled: bool = Field(False, description="Mount a state volume on the head and point controller.state_dir at it.")
+    existingClaim: str = Field("", description="A PersistentVolumeClaim to use; empty: the chart creates one.")
+    size: str = Field("1Gi", pattern=QUANTITY, description="Size of the claim the chart creates.")
+    storageClassName: str = Field("", description="Storage class of that claim; empty: the cluster's default.")
+    accessModes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] = Field(
+        default_factory=lambda: ["ReadWriteOnce"],
+        min_length=1,
+        description="Access modes of that claim. A NewCluster upgrade starts the new head while the old one runs: "
+        "ReadWriteOnce works only if both land on one node; use ReadWriteMany for zero-downtime upgrades.",
+    )
+    mountPath: str = Field(
+        "/var/lib/ebplus",
+        pattern=ABSOLUTE,
+        description="Where the head mounts it; config.controller.state_dir, unless set, becomes this path.",
+    )
+
+
+class RedisPassword(_Values):
+    """The Redis password, from a Secret."""
+
+    existingSecret: str = Field("", description="Secret holding the Redis password; empty: no password.")
+    key: str = Field("password", min_length=1, description="Key of the password in that Secret.")
+
+
+class GcsFaultTolerance(_Values):
+    """GCS fault tolerance on an external Redis (``rayClusterConfig.gcsFaultToleranceOptions``): the cluster's
+    metadata, Ray's KV store (the controller's default state store) included, outlives a head restart."""
+
+    enabled: bool = Field(False, description="Render gcsFaultToleranceOptions (needs a Redis you run).")
+    redisAddress: str = Field("", description="Redis `host:port` (required when enabled).")
+    redisPassword: RedisPassword = Field(default_factory=RedisPassword, description="The Redis password.")
+
+
+class IngressPath(_Values):
+    path: str = Field("/", pattern=ABSOLUTE, description="URL path routed to the Serve Service.")
+    pathType: Literal["Prefix", "Exact", "ImplementationSpecific"] = Field("Prefix", description="Path match.")
+
+
+class IngressHost(_Values):
+    host: str = Field(..., min_length=1, description="Host name.")
+    paths: list[IngressPath] = Field(
+        default_factory=lambda: [IngressPath()], min_length=1, description="Paths of that host."
+    )
+
+
+class IngressTLS(_Values):
+    secretName: str = Field(
+        "", description="Secret with the certificate (cert-manager creates it when annotated); empty: the default."
+    )
+    hosts: list[str] = Field(default_factory=list, description="Host names the certificate covers.")
+
+
+class Ingress(_Values):
+    """A networking.k8s.io/v1 Ingress to the Serve Service (the OpenAI API from outside the cluster)."""
+
+    enabled: bool = Field(False, description="Render the Ingress.")
+    className: str = Field("", description="IngressClass (e.g. nginx); empty: the cluster's default.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Ingress annotations, e.g. `{cert-manager.io/cluster-issuer: letsencrypt}` for a certificate "
+        "from cert-manager, or the controller's timeouts for long streams.",
+    )
+    hosts: list[IngressHost] = Field(
+        default_factory=lambda: [IngressHost(host="ebplus.example.com")], description="Hosts and their paths."
+    )
+    tls: list[IngressTLS] = Field(default_factory=list, description="TLS: certificate Secrets and their hosts.")
 
 
 class ServeService(_Values):
@@ -163,7 +380,8 @@ class Dashboards(_Values):
     """Grafana dashboards as ConfigMaps, picked up by the Grafana sidecar."""
 
     enabled: bool = Field(
-        True, description="Render the dashboards ConfigMap (where the cluster has monitoring.coreos.com/v1)."
+        True,
+        description="Render the dashboards ConfigMap (Grafana's sidecar reads it; the Prometheus Operator is not needed).",
     )
     label: str = Field("grafana_dashboard", min_length=1, description="Label the Grafana sidecar watches.")
     labelValue: str = Field("1", description="Value of that label.")
@@ -201,7 +419,8 @@ class RayServiceSettings(_Values):
     enableInTreeAutoscaling: bool = Field(
         False,
         description="Run Ray's autoscaler in the head pod: worker pods are added (up to a group's maxReplicas) when "
-        "Serve's replicas (config.replicas.autoscaling) need room, and removed when idle.",
+        "Serve's replicas (config.replicas.autoscaling) need room, and removed when idle. The autoscaler sidecar "
+        "calls the Kubernetes API, so the head pod then mounts its service-account token (KubeRay's own account).",
     )
 
 
@@ -220,10 +439,35 @@ class ChartValues(_Values):
         "rendered as the Serve application's args.",
     )
     auth: Auth = Field(default_factory=Auth, description="Admin token and API key.")
+    hf: HuggingFace = Field(default_factory=HuggingFace, description="Hugging Face Hub token and model cache.")
     modelStorage: ModelStorage = Field(default_factory=ModelStorage, description="Model volume.")
+    servingPlane: ServingPlane = Field(default_factory=ServingPlane, description="Ray Serve's settings.")
+    rayAuth: RayAuth = Field(default_factory=RayAuth, description="Ray token authentication.")
+    networkPolicy: NetworkPolicy = Field(default_factory=NetworkPolicy, description="Ingress to the Ray pods.")
+    podSecurityContext: dict[str, Any] = Field(
+        default_factory=lambda: dict(POD_SECURITY_CONTEXT),
+        description="Pod securityContext of every pod (Pod Security 'restricted'; the image's user ray, uid 1000, "
+        "gid 100).",
+    )
+    securityContext: dict[str, Any] = Field(
+        default_factory=lambda: dict(CONTAINER_SECURITY_CONTEXT),
+        description="Container securityContext of every container, the autoscaler sidecar (autoscalerOptions) "
+        "and the helm-test pod included; KubeRay copies it to the workers' wait-gcs-ready init container.",
+    )
+    writablePaths: list[Annotated[str, Field(pattern=ABSOLUTE)]] = Field(
+        default_factory=lambda: list(WRITABLE_PATHS),
+        description="emptyDirs mounted on every Ray container (the root filesystem is read-only): /tmp holds "
+        "Ray's session dir and logs, ~/.cache vLLM's and torch's compile caches, ~/.config vLLM's usage file, "
+        "~/.triton Triton's kernels. Never /home/ray itself (Python lives under it).",
+    )
+    controllerState: ControllerState = Field(default_factory=ControllerState, description="Controller state volume.")
+    gcsFaultTolerance: GcsFaultTolerance = Field(
+        default_factory=GcsFaultTolerance, description="GCS fault tolerance (external Redis)."
+    )
     head: Head = Field(default_factory=Head, description="The Ray head group (no GPU).")
     workerGroups: list[WorkerGroup] = Field(..., min_length=1, description="GPU worker groups.")
     service: ServeService = Field(default_factory=ServeService, description="The Serve HTTP Service.")
+    ingress: Ingress = Field(default_factory=Ingress, description="Ingress to the Serve Service.")
     monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus scraping.")
     dashboards: Dashboards = Field(default_factory=Dashboards, description="Grafana dashboards.")
     helmTest: HelmTest = Field(default_factory=HelmTest, description="The `helm test` pod.")
@@ -258,20 +502,38 @@ def render_schema() -> str:
     return json.dumps(values_schema(), indent=2, sort_keys=True) + "\n"
 
 
+def render_serve_env() -> str:
+    """``files/serve-env.yaml``: :data:`SERVE_ENV` as a YAML mapping the templates read (``servingPlane.tuned``)."""
+    lines = [
+        "# Generated by `python -m docgen.helm_values` from ebplus.deploy.serve_env.SERVE_ENV; do not edit by hand.",
+        "# Ray Serve's settings `ebplus serve` uses (measured in docs/benchmarks/overhead.md); the chart sets them",
+        "# on every Ray container when servingPlane.tuned is true.",
+    ]
+    lines += [f"{key}: {json.dumps(value)}" for key, value in SERVE_ENV.items()]
+    return "\n".join(lines) + "\n"
+
+
+def outputs(schema_path: Path = SCHEMA_PATH, serve_env_path: Path = SERVE_ENV_PATH) -> dict[Path, str]:
+    """Every file this module generates and its content."""
+    return {schema_path: render_schema(), serve_env_path: render_serve_env()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the committed schema is stale")
-    parser.add_argument("--output", type=Path, default=SCHEMA_PATH)
+    parser.add_argument("--check", action="store_true", help="fail if a committed file is stale")
+    parser.add_argument("--output", type=Path, default=SCHEMA_PATH, help="where the values schema goes")
+    parser.add_argument("--serve-env", type=Path, default=SERVE_ENV_PATH, help="where files/serve-env.yaml goes")
     args = parser.parse_args(argv)
-    text = render_schema()
+    files = outputs(args.output, args.serve_env)
     if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is stale: run `python -m docgen.helm_values`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(text)
-    print(f"wrote {args.output}")
+        stale = [path for path, text in files.items() if not path.exists() or path.read_text() != text]
+        for path in stale:
+            print(f"{path} is stale: run `python -m docgen.helm_values`", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0
 
 

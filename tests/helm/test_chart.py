@@ -1,10 +1,11 @@
 """helm/ebplus with the real helm binary: lint, render, and validate every rendered object.
 
 * ``helm lint --strict`` and ``helm template`` pass for the default values and each
-  ``helm/ebplus/ci/*-values.yaml`` (mixed GPU fleet, existing secret, monitoring off, tensor
-  parallelism), and as a subchart given Helm's ``global`` values;
-* the Prometheus Operator objects and the dashboards render only where the cluster serves
-  ``monitoring.coreos.com/v1`` (``--api-versions``; the other tests render with it);
+  ``helm/ebplus/ci/*-values.yaml`` (the one-GPU, eight-GPU and CPU examples, mixed GPU fleet,
+  existing secret, monitoring off, tensor parallelism, autoscaling, ingress), and as a subchart
+  given Helm's ``global`` values;
+* the Prometheus Operator objects render only where the cluster serves ``monitoring.coreos.com/v1``
+  (``--api-versions``; the other tests render with it), the dashboards wherever they are enabled;
 * every core object validates against the Kubernetes 1.30 OpenAPI schemas
   (kubernetes-validate, offline, strict: unknown fields fail), the RayService against
   KubeRay's CRD schema (``../shared/schemas/ray.io_rayservices.yaml``, made strict the
@@ -12,7 +13,8 @@
   generated from them, npm ``@kubernetes-models/prometheus-operator``);
 * the rendered ``serveConfigV2`` parses as Ray Serve's ``ServeDeploySchema`` and its
   app args as our ``ServeConfig`` (the one config schema);
-* tokens reach the pods only through ``secretKeyRef``;
+* tokens reach the pods only through ``secretKeyRef``, from a Secret the chart creates only when asked;
+* the hardening, the NetworkPolicy and the other defaults of a first install: ``test_lockdown.py``;
 * bad values (``tests/helm/invalid/*.yaml``) are refused with the message their first line expects;
 * ``values.schema.json`` and the chart's README (every value described) are the generated ones;
 * the ``helm test`` pod runs a valid ``ebplus status`` against the release's Service.
@@ -53,6 +55,10 @@ CASES = {
     "monitoring-off": CHART / "ci" / "monitoring-off-values.yaml",
     "tensor-parallel": CHART / "ci" / "tensor-parallel-values.yaml",
     "autoscaling": CHART / "ci" / "autoscaling-values.yaml",
+    "cpu": CHART / "ci" / "cpu-values.yaml",
+    "one-gpu": CHART / "ci" / "one-gpu-values.yaml",
+    "eight-gpu": CHART / "ci" / "eight-gpu-values.yaml",
+    "ingress": CHART / "ci" / "ingress-values.yaml",
 }
 INVALID = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
 
@@ -144,23 +150,24 @@ def test_lint(helm: str, case: str) -> None:
     assert "0 chart(s) failed" in proc.stdout
 
 
-MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_monitoring_only_where_the_operator_api_is(helm: str, case: str) -> None:
-    """Without monitoring.coreos.com/v1 (no Operator CRDs) the release renders, minus the monitoring objects."""
+    """Without monitoring.coreos.com/v1 (no Operator CRDs) the release renders, minus the Operator's objects.
+
+    The dashboards ConfigMap is not one of them: Grafana's sidecar reads it without the Operator."""
     bare = by_kind(render(helm, case, monitoring_api=False))
     assert not MONITORING_KINDS & set(bare)
     assert all("head-metrics" not in s["metadata"]["name"] for s in bare.get("Service", []))
     full = by_kind(render(helm, case))
     values = merged_values(case)
-    expected = set()
-    if values.monitoring.enabled:
-        expected |= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
-    if values.dashboards.enabled:
-        expected.add("ConfigMap")
+    expected = {"ServiceMonitor", "PodMonitor", "PrometheusRule"} if values.monitoring.enabled else set()
     assert MONITORING_KINDS & set(full) == expected
+    for kinds in (bare, full):
+        dashboards = [c for c in kinds.get("ConfigMap", []) if c["metadata"]["name"].endswith("-dashboards")]
+        assert len(dashboards) == int(values.dashboards.enabled)
 
     def rest(kinds: dict[str, list[dict]]) -> set[tuple[str, str]]:
         """Everything but the monitoring objects (the head-metrics Service exists for the ServiceMonitor)."""
@@ -300,6 +307,7 @@ def test_credentials_only_from_secret(helm: str, case: str) -> None:
     config = parse_config(yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"])
     values = merged_values(case)
     secret_name = values.auth.existingSecret or f"{RELEASE}-ebplus-auth"
+    assert not values.auth.generate, "a case that generates its Secret would render differently every time"
     expected = {config.auth.admin_token_env: values.auth.adminTokenKey}
     if values.auth.apiKey.enabled:
         expected[config.auth.api_key_env] = values.auth.apiKey.key
@@ -311,14 +319,20 @@ def test_credentials_only_from_secret(helm: str, case: str) -> None:
             assert env[name]["valueFrom"]["secretKeyRef"] == {"name": secret_name, "key": key}
         if not values.auth.apiKey.enabled:
             assert config.auth.api_key_env not in env
-    secrets = kinds.get("Secret", [])
-    if values.auth.existingSecret:
-        assert secrets == [], "the chart must not create a Secret when given an existing one"
-    else:
-        (secret,) = secrets
-        assert secret["metadata"]["name"] == secret_name
-        assert set(secret["data"]) == set(expected.values())
-        assert all(len(v) >= 40 for v in secret["data"].values())
+    # the documented path: the admin Secret exists before the install, the chart never writes it
+    assert [s for s in kinds.get("Secret", []) if s["metadata"]["name"] == secret_name] == []
+    assert all(s["metadata"]["name"] == f"{RELEASE}-ebplus-hf" for s in kinds.get("Secret", []))
+
+
+def test_generated_admin_secret_is_kept(helm: str) -> None:
+    """auth.generate: the chart creates the Secret auth.existingSecret names, random, kept at uninstall."""
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "auth.generate=true",
+                    "--set", "auth.apiKey.enabled=true", "--show-only", "templates/secret.yaml")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    secret = yaml.safe_load(proc.stdout)
+    assert secret["metadata"]["name"] == "ebplus-auth"
+    assert secret["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert set(secret["data"]) == {"admin-token", "api-key"} and all(len(v) >= 40 for v in secret["data"].values())
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -449,8 +463,9 @@ def test_notes_show_urls_and_curl(helm: str, case: str, tmp_path: Path) -> None:
     assert f"http://{RELEASE}-ebplus-serve.{NAMESPACE}.svc:8000/v1" in text
     assert "curl -s http://127.0.0.1:8000/v1/chat/completions" in text
     assert 'curl -s -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8000/admin/thresholds' in text
-    secret = "ebplus-credentials" if case == "existing-secret" else f"{RELEASE}-ebplus-auth"
+    secret = "ebplus-credentials" if case == "existing-secret" else "ebplus-auth"
     assert f"get secret {secret}" in text
+    assert f"kubectl -n {NAMESPACE} create secret generic {secret}" in text  # the Secret to create first
     if case == "existing-secret":
         assert text.index("API_KEY=$(") < text.index("Authorization: Bearer $API_KEY")
 

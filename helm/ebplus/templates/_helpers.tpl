@@ -94,14 +94,68 @@ Ray workers inherit the raylet's environment, so the Serve replicas see them on 
 {{- end }}
 {{- end }}
 
-{{/* Volume mounts every Ray container gets. */}}
+{{/* Name and key of the Secret with the Hugging Face token; empty name: no token configured. */}}
+{{- define "ebplus.hfSecretName" -}}
+{{- if .Values.hf.existingSecret }}{{ .Values.hf.existingSecret }}{{ else if .Values.hf.token }}{{ include "ebplus.fullname" . }}-hf{{ end }}
+{{- end }}
+{{- define "ebplus.hfSecretKey" -}}
+{{- if .Values.hf.existingSecret }}{{ .Values.hf.existingSecretKey }}{{ else }}token{{ end }}
+{{- end }}
+
+{{/*
+Env of every Ray container (head and each worker group; KubeRay copies it to the workers'
+wait-gcs-ready init container): the credentials and the Hub token from their Secrets, HF_HOME
+on the model cache, and, with servingPlane.tuned, Ray Serve's settings from files/serve-env.yaml
+(generated from ebplus.deploy.serve_env.SERVE_ENV, the list `ebplus serve` uses). The group's own
+env entries (head.env, workerGroups[].env) win: a variable they name is not rendered twice.
+Call with (dict "root" $ "group" <head or group values>).
+*/}}
+{{- define "ebplus.rayEnv" -}}
+{{- $root := .root }}
+{{- $user := .group.env | default list }}
+{{- $taken := dict }}
+{{- range $user }}{{ $_ := set $taken .name true }}{{ end }}
+{{- $env := include "ebplus.authEnv" $root | fromYamlArray }}
+{{- with include "ebplus.hfSecretName" $root }}
+{{- $env = append $env (dict "name" "HF_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" . "key" (include "ebplus.hfSecretKey" $root)))) }}
+{{- end }}
+{{- $env = append $env (dict "name" "HF_HOME" "value" $root.Values.hf.cache.mountPath) }}
+{{- if $root.Values.servingPlane.tuned }}
+{{- range $name, $value := $root.Files.Get "files/serve-env.yaml" | fromYaml }}
+{{- $env = append $env (dict "name" $name "value" (toString $value)) }}
+{{- end }}
+{{- end }}
+{{- $out := list }}
+{{- range $env }}{{ if not (hasKey $taken .name) }}{{ $out = append $out . }}{{ end }}{{ end }}
+{{- toYaml (concat $out $user) }}
+{{- end }}
+
+{{/*
+Mounts of the writable paths (the root filesystem is read-only): one emptyDir per
+writablePaths entry, named by its index (a path is no DNS label).
+*/}}
+{{- define "ebplus.writableMounts" -}}
+{{- range $i, $path := .Values.writablePaths }}
+- name: writable-{{ $i }}
+  mountPath: {{ $path }}
+{{- end }}
+{{- end }}
+
+{{/* Volume mounts every Ray container gets (writable paths first: the cache mounts inside ~/.cache). */}}
 {{- define "ebplus.volumeMounts" -}}
 - name: dshm
   mountPath: /dev/shm
+{{- include "ebplus.writableMounts" .root }}
+- name: hf-cache
+  mountPath: {{ .root.Values.hf.cache.mountPath }}
 {{- if .root.Values.modelStorage.enabled }}
 - name: models
   mountPath: {{ .root.Values.modelStorage.mountPath }}
   readOnly: {{ .root.Values.modelStorage.readOnly }}
+{{- end }}
+{{- if and .head .root.Values.controllerState.enabled }}
+- name: controller-state
+  mountPath: {{ .root.Values.controllerState.mountPath }}
 {{- end }}
 {{- with .group.volumeMounts }}
 {{ toYaml . }}
@@ -114,15 +168,56 @@ Ray workers inherit the raylet's environment, so the Serve replicas see them on 
   emptyDir:
     medium: Memory
     sizeLimit: {{ .group.shmSize | default "8Gi" }}
+{{- range $i, $_ := .root.Values.writablePaths }}
+- name: writable-{{ $i }}
+  emptyDir: {}
+{{- end }}
+- name: hf-cache
+{{- with .root.Values.hf.cache }}
+{{- if .existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .existingClaim }}
+{{- else }}
+  emptyDir:
+    sizeLimit: {{ .sizeLimit }}
+{{- end }}
+{{- end }}
 {{- if .root.Values.modelStorage.enabled }}
 - name: models
   persistentVolumeClaim:
     claimName: {{ .root.Values.modelStorage.existingClaim }}
     readOnly: {{ .root.Values.modelStorage.readOnly }}
 {{- end }}
+{{- if and .head .root.Values.controllerState.enabled }}
+- name: controller-state
+  persistentVolumeClaim:
+    claimName: {{ include "ebplus.controllerStateClaim" .root }}
+{{- end }}
 {{- with .group.volumes }}
 {{ toYaml . }}
 {{- end }}
+{{- end }}
+
+{{/* The controller state claim: the given one, else the one the chart creates. */}}
+{{- define "ebplus.controllerStateClaim" -}}
+{{- .Values.controllerState.existingClaim | default (printf "%s-controller-state" (include "ebplus.fullname" .)) }}
+{{- end }}
+
+{{/*
+The Serve application's args: the `config` values verbatim, except that with controllerState
+the controller's state_dir points at the head's state volume (unless config sets it). The
+controller actor runs on the head (controller.placement 'head', the default), where it is mounted.
+*/}}
+{{- define "ebplus.appArgs" -}}
+{{- $config := deepCopy (.Values.config | default dict) }}
+{{- if .Values.controllerState.enabled }}
+{{- $controller := $config.controller | default dict }}
+{{- if not $controller.state_dir }}
+{{- $_ := set $controller "state_dir" .Values.controllerState.mountPath }}
+{{- $_ := set $config "controller" $controller }}
+{{- end }}
+{{- end }}
+{{- toYaml $config }}
 {{- end }}
 
 {{/*
@@ -163,5 +258,31 @@ pipeline stages may span pods.
 {{- end }}
 {{- if and .Values.modelStorage.enabled (not .Values.modelStorage.existingClaim) }}
 {{- fail "modelStorage.existingClaim is required when modelStorage.enabled is true" }}
+{{- end }}
+{{- /* A local directory must be on a volume: the image holds no models (ebplus.deploy.sources' local forms). */}}
+{{- $model := .Values.config.model | default dict }}
+{{- $source := $model.source | default "" | toString }}
+{{- if and (not .Values.modelStorage.enabled) (or (hasPrefix "/" $source) (hasPrefix "." $source) (hasPrefix "~" $source)) }}
+{{- fail (printf "config.model.source is a local path (%s) but nothing mounts it: set modelStorage.enabled=true and modelStorage.existingClaim, or use a Hugging Face Hub id such as Qwen/Qwen3-8B" $source) }}
+{{- end }}
+{{- /* A builtin model is built into cache_dir, which must be writable with a read-only root filesystem. */}}
+{{- if and (hasPrefix "builtin:" $source) (.Values.securityContext | default dict).readOnlyRootFilesystem }}
+{{- $cacheDir := $model.cache_dir | default "models" | toString }}
+{{- $writable := false }}
+{{- range (concat .Values.writablePaths (list .Values.hf.cache.mountPath)) }}
+{{- if or (eq $cacheDir .) (hasPrefix (printf "%s/" (trimSuffix "/" .)) $cacheDir) }}{{ $writable = true }}{{ end }}
+{{- end }}
+{{- if not $writable }}
+{{- fail (printf "config.model.cache_dir (%s) is not writable (the root filesystem is read-only): put it under one of writablePaths, e.g. /home/ray/.cache/ebplus-models" $cacheDir) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.rayAuth.enabled (semverCompare "<2.52.0-0" .Values.rayService.rayVersion) }}
+{{- fail (printf "rayAuth.enabled needs Ray >= 2.52.0 (KubeRay refuses token auth below it), rayService.rayVersion is %s: raise it or set rayAuth.enabled=false" .Values.rayService.rayVersion) }}
+{{- end }}
+{{- if and .Values.gcsFaultTolerance.enabled (not .Values.gcsFaultTolerance.redisAddress) }}
+{{- fail "gcsFaultTolerance.redisAddress is required when gcsFaultTolerance.enabled is true" }}
+{{- end }}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
+{{- fail "ingress.hosts is empty: name at least one host when ingress.enabled is true" }}
 {{- end }}
 {{- end }}
