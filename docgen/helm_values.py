@@ -297,9 +297,15 @@ class RedisPassword(_Values):
 
 class GcsFaultTolerance(_Values):
     """GCS fault tolerance on an external Redis (``rayClusterConfig.gcsFaultToleranceOptions``): the cluster's
-    metadata, Ray's KV store (the controller's default state store) included, outlives a head restart."""
+    metadata, Ray's KV store (the controller's default state store) included, outlives a head restart. Not a
+    NewCluster upgrade: KubeRay keys the Redis namespace by the RayCluster's UID, so the new cluster starts
+    empty; ``controllerState`` carries the controller's state across both."""
 
-    enabled: bool = Field(False, description="Render gcsFaultToleranceOptions (needs a Redis you run).")
+    enabled: bool = Field(
+        False,
+        description="Render gcsFaultToleranceOptions (needs a Redis you run): the GCS survives a head restart, "
+        "not a NewCluster upgrade (a new RayCluster, a new Redis namespace); controllerState survives both.",
+    )
     redisAddress: str = Field("", description="Redis `host:port` (required when enabled).")
     redisPassword: RedisPassword = Field(default_factory=RedisPassword, description="The Redis password.")
 
@@ -458,7 +464,8 @@ class ChartValues(_Values):
         default_factory=lambda: list(WRITABLE_PATHS),
         description="emptyDirs mounted on every Ray container (the root filesystem is read-only): /tmp holds "
         "Ray's session dir and logs, ~/.cache vLLM's and torch's compile caches, ~/.config vLLM's usage file, "
-        "~/.triton Triton's kernels. Never /home/ray itself (Python lives under it).",
+        "~/.triton Triton's kernels. Each hides what the image has at that path; never /home/ray itself "
+        "(Python lives under it).",
     )
     controllerState: ControllerState = Field(default_factory=ControllerState, description="Controller state volume.")
     gcsFaultTolerance: GcsFaultTolerance = Field(
