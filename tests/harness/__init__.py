@@ -14,6 +14,7 @@ One module per concern:
 - :mod:`.cluster`: the Ray driver that injects the faults and reads replica state;
 - :mod:`.nodes`: a multi-node Ray cluster on this machine, whose nodes can be lost;
 - :mod:`.multinode`: the layout of that cluster and the config updates of the scale-out runs;
+- :mod:`.kuberay`: the chart's RayService run as the KubeRay operator and the kubelet would run it;
 - :mod:`.fleet`: the fleet as the controller sees it (healthy, converged; counters);
 - :mod:`.load`: the OpenAI client load (closed-loop or open-loop Poisson) and what it saw;
 - :mod:`.faults`, :mod:`.overload`, :mod:`.hostile`, :mod:`.nodeloss`, :mod:`.rollout`: the scenarios, each returning
