@@ -255,9 +255,11 @@ class LocalKubeRay:
         env = {name: self.localize_path(pod, value) for name, value in env.items()}
         env.update(HOME=str(home), PATH=f"{self.bin_dir}{os.pathsep}/usr/bin:/bin", LANG="C.UTF-8")
         self._note(f"{pod.name}: HOME /home/ray -> {home}; PATH: this checkout's virtualenv (the image's Python)")
-        if "/tmp" in pod.mounts:
-            env["TMPDIR"] = env["RAY_TMPDIR"] = str(pod.mounts["/tmp"])
-            self._note(f"{pod.name}: /tmp -> TMPDIR/RAY_TMPDIR {pod.mounts['/tmp']} (the pod's /tmp emptyDir)")
+        # a container's /tmp is its own (a volume or its filesystem), never the host's shared one
+        tmp = pod.mounts.get("/tmp") or pod.root / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = env["RAY_TMPDIR"] = str(tmp)
+        self._note(f"{pod.name}: /tmp -> TMPDIR/RAY_TMPDIR {tmp} (the container's own /tmp)")
         return env
 
     # -- lifecycle ------------------------------------------------------------------
