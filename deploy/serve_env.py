@@ -66,16 +66,6 @@ SERVE_ENV: dict[str, str] = {
 }
 
 
-#: The Ray cluster ``ebplus serve`` starts is one machine's: its processes bind loopback.
-#: Ray 2.60 binds its gRPC servers (GCS, raylets, every worker) and its agents and metrics
-#: servers to the node's IP, and resolves a loopback node IP to the machine's address
-#: (``services.resolve_ip_for_localhost``) unless multi-node clusters are off. This variable
-#: turns them off (its name is Ray's: it exists to keep macOS and Windows laptops single-node);
-#: then every listener of the cluster is on 127.0.0.1, and no other host can join it, which
-#: a local deployment never needs. Not for a cluster that is joined (``ray.address``, KubeRay):
-#: the chart does not render it.
-SINGLE_NODE_ENV: dict[str, str] = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
 #: HAProxy's own listeners, fixed by Ray Serve unless set (see the module docstring).
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
 
@@ -111,15 +101,14 @@ def free_port() -> int:
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Set :data:`SERVE_ENV` and :data:`SINGLE_NODE_ENV` in ``environ`` (default ``os.environ``) where not
-    set; returns what is in effect. Called before Ray is imported: Ray reads both at import.
+    """Set :data:`SERVE_ENV` in ``environ`` (default ``os.environ``) where not set; returns what is in effect.
 
     With HAProxy on, its stats and metrics ports are set to free ones where not set.
     """
     environ = os.environ if environ is None else environ
-    for key, value in {**SERVE_ENV, **SINGLE_NODE_ENV}.items():
+    for key, value in SERVE_ENV.items():
         environ.setdefault(key, value)
-    applied = {key: environ[key] for key in {**SERVE_ENV, **SINGLE_NODE_ENV}}
+    applied = {key: environ[key] for key in SERVE_ENV}
     if environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1":
         for key in HAPROXY_PORTS:
             environ.setdefault(key, str(free_port()))

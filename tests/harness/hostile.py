@@ -304,16 +304,6 @@ def scenario_abandoned(
     }
 
 
-def is_loopback(address: str) -> bool:
-    """``127.0.0.0/8``, ``::1`` or an IPv4-mapped loopback (``::ffff:127.0.0.1``, how gRPC's dual-stack
-    sockets show it)."""
-    import ipaddress
-
-    ip = ipaddress.ip_address(address)
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return ip.is_loopback or bool(mapped and mapped.is_loopback)
-
-
 def listeners(pid: int) -> list[dict]:
     """TCP sockets listening in the process tree of ``pid`` (the deployment): address, port, process."""
     import psutil

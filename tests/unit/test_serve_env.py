@@ -10,7 +10,7 @@ def test_defaults_fill_only_what_is_unset() -> None:
     applied = serve_env.apply(env)
     assert applied["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"  # turned back by the operator
     assert applied["RAY_SERVE_ENABLE_HA_PROXY"] == "0"  # off by default (deploy/serve_env.py says why)
-    assert set(applied) == set(serve_env.SERVE_ENV) | set(serve_env.SINGLE_NODE_ENV)  # HAProxy off: no ports
+    assert set(applied) == set(serve_env.SERVE_ENV)  # HAProxy off: no ports of its own
     assert env["PATH"] == "/bin" and all(env[k] == v for k, v in applied.items())
 
 
@@ -22,19 +22,6 @@ def test_every_setting_is_one_ray_serve_reads() -> None:
     source = (Path(ray_dir) / "serve" / "_private" / "constants.py").read_text()
     for key in serve_env.SERVE_ENV:
         assert f'"{key}"' in source, f"{key} is not a Ray Serve setting in this Ray version"
-
-
-def test_the_single_node_switch_is_the_one_ray_reads_for_the_node_ip() -> None:
-    """RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes Ray's node IP loopback on any OS (ray_constants); it must
-    stay out of SERVE_ENV, which the Helm chart renders for multi-node clusters."""
-    import importlib.util
-    from pathlib import Path
-
-    ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]
-    source = (Path(ray_dir) / "_private" / "ray_constants.py").read_text()
-    (key,) = serve_env.SINGLE_NODE_ENV
-    assert f'ENABLE_RAY_CLUSTERS_ENV_VAR = "{key}"' in source
-    assert not set(serve_env.SINGLE_NODE_ENV) & set(serve_env.SERVE_ENV)
 
 
 def test_haproxy_gets_free_ports_of_its_own_unless_set() -> None:
