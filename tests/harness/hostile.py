@@ -304,6 +304,41 @@ def scenario_abandoned(
     }
 
 
+def is_loopback(address: str) -> bool:
+    """``127.0.0.0/8``, ``::1`` or an IPv4-mapped loopback (``::ffff:127.0.0.1``, how gRPC's dual-stack
+    sockets show it)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+#: What may listen outside loopback in a local ``ebplus serve``, by process, and why (docs/reliability.md):
+#: Ray 2.60's own servers, which bind every interface or the node IP, and no setting moves them (the one
+#: switch that makes the node IP loopback, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, leaves every process that
+#: joins the cluster without it hanging at ray.init: measured).
+RAY_LISTENERS = {
+    "gcs_server": "the GCS's gRPC server: every interface (C++, no bind setting)",
+    "raylet": "the raylet's node-manager and object-manager gRPC servers: every interface (C++)",
+    "ray::": "each worker's core-worker gRPC server (every actor and task process, Serve's included): every "
+    "interface (C++); a Serve replica also has Ray Serve's inter-deployment gRPC server on [::]:0",
+    "DashboardAgent": "the dashboard agent: its gRPC server, its HTTP port (52365) on the node IP, and the "
+    "metrics export port (ray.metrics_export_port) on every interface",
+    "RuntimeEnvAgent": "the runtime-env agent: the node IP",
+    "monitor.py": "the autoscaler monitor's metrics server (AUTOSCALER_METRIC_PORT, 44217): every interface",
+    "dashboard.py": "the dashboard head's metrics server (DASHBOARD_METRIC_PORT, 44227): every interface, "
+    "even with the dashboard off",
+    "ebplus": "the `ebplus serve` driver (`python -m ebplus.cli serve`): its core-worker gRPC server, every "
+    "interface (C++)",
+}
+
+
+def ray_listener_kind(process: str) -> str | None:
+    """The :data:`RAY_LISTENERS` entry a listening process is, or ``None`` (not one Ray explains)."""
+    return next((kind for kind in RAY_LISTENERS if kind in process), None)
+
+
 def listeners(pid: int) -> list[dict]:
     """TCP sockets listening in the process tree of ``pid`` (the deployment): address, port, process."""
     import psutil
