@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from docgen import generated
 from ebplus.deploy.config import ServeConfig
 from ebplus.deploy.serve_env import SERVE_ENV
 
@@ -531,17 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=SCHEMA_PATH, help="where the values schema goes")
     parser.add_argument("--serve-env", type=Path, default=SERVE_ENV_PATH, help="where files/serve-env.yaml goes")
     args = parser.parse_args(argv)
-    files = outputs(args.output, args.serve_env)
-    if args.check:
-        stale = [path for path, text in files.items() if not path.exists() or path.read_text() != text]
-        for path in stale:
-            print(f"{path} is stale: run `python -m docgen.helm_values`", file=sys.stderr)
-        return 1 if stale else 0
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path}")
-    return 0
+    return generated.check_or_write(outputs(args.output, args.serve_env), args.check, "python -m docgen.helm_values")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import enum
 import json
-import sys
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -39,6 +38,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+
+from docgen import generated
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_DIR = ROOT / "docs" / "reference"
@@ -403,27 +404,14 @@ def outputs() -> dict[Path, str]:
 
 def stale_pages() -> list[Path]:
     """Committed pages that differ from what the code renders now (or are missing)."""
-    return [path for path, text in outputs().items() if not path.exists() or path.read_text() != text]
+    return generated.stale(outputs())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if a committed page is stale")
     args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_pages()
-        if stale:
-            names = ", ".join(str(p.relative_to(ROOT)) for p in stale)
-            print(f"stale: {names}; run `{COMMAND}`", file=sys.stderr)
-            return 1
-        return 0
-    for path, text in outputs().items():
-        if path.exists() and path.read_text() == text:
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path.relative_to(ROOT)}")
-    return 0
+    return generated.check_or_write(outputs(), args.check, COMMAND)
 
 
 if __name__ == "__main__":
