@@ -238,19 +238,40 @@ def engine_running(cluster: Cluster, replicas: int) -> int:
     return sum(int(status["running"]) for status in cluster.replica_status(replicas).values())
 
 
+def aborted_total(dep: Deployment) -> float:
+    """Requests the engines reported aborted (``ebplus_telemetry_received_total{kind="aborted"}``): every one
+    that left the engine unfinished, as the replica's scheduler saw it free the request."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{dep.base_url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ebplus_telemetry_received_total" and sample.labels.get("kind") == "aborted":
+                return sample.value
+    return 0.0
+
+
 def scenario_abandoned(
     dep: Deployment, cluster: Cluster, replicas: int, clients: int = 2, leave_after_s: float = 4.0, settle_s: float = 5.0
 ) -> dict:
     """Clients that give up: non-streamed and streamed requests for long answers, dropped after
-    ``leave_after_s`` (long enough for the engines to take them on a loaded machine); how long the engines go
-    on working for them (target: 0 running within ``settle_s``).
+    ``leave_after_s``; how long until the engines have let go of every sequence they were running for them
+    (target: within ``settle_s``).
+
+    The evidence is what each engine reports when it frees a request: an aborted sequence is
+    counted by the controller (``aborted``, pushed every ``telemetry_interval_s``), so a
+    sequence generated in full for nobody never shows up there. Each request asks for ``n = 8``
+    sequences of 480 tokens; every client left long before its answer could be done, so every
+    sequence of it must be aborted. (A reading of the engines' running count at one instant
+    missed a stream that was being answered: it is kept as the secondary figure.)
 
     Without cancellation a non-streamed answer is generated in full for nobody (nothing is
     written until it is done, so nothing notices the client left).
     """
     import threading
 
-    body = {"model": dep.model, "prompt": "tell me everything", "n": 8, "max_tokens": 480, "ignore_eos": True}
+    n = 8
+    body = {"model": dep.model, "prompt": "tell me everything", "n": n, "max_tokens": 480, "ignore_eos": True}
 
     def give_up(stream: bool) -> str:
         try:
@@ -270,6 +291,7 @@ def scenario_abandoned(
     with httpx.Client(base_url=dep.base_url, timeout=300, headers=dep.api_headers) as client:
         full = client.post("/v1/completions", json={**body, "stream": False})
     full_answer_s = round(time.monotonic() - started, 2) if full.status_code == 200 else None
+    aborted_before = aborted_total(dep)
     outcomes: list[str] = []
     threads = [
         threading.Thread(target=lambda s=stream: outcomes.append(give_up(s)))
@@ -277,29 +299,32 @@ def scenario_abandoned(
     ]
     for t in threads:
         t.start()
-    running_before = 0  # the most the engines ran for the clients before they left: the load landed
+    running_before = 0  # the most the engines ran for the clients before they left (secondary)
     while any(t.is_alive() for t in threads):
         running_before = max(running_before, engine_running(cluster, replicas))
         time.sleep(0.2)
     for t in threads:
         t.join()
     left_at = time.monotonic()
-    samples = []  # (seconds after the clients left, requests the engines run)
+    expected = n * sum(1 for o in outcomes if o != "answered before the client left")
+    samples = []  # (seconds after the clients left, sequences aborted since they started)
     while time.monotonic() - left_at < settle_s + 30:
-        running = engine_running(cluster, replicas)
-        samples.append((round(time.monotonic() - left_at, 2), running))
-        if running == 0 and len(samples) > 1 and samples[-2][1] == 0:  # twice in a row: drained
+        aborted = aborted_total(dep) - aborted_before
+        samples.append((round(time.monotonic() - left_at, 2), aborted))
+        if aborted >= expected:
             break
         time.sleep(0.2)
-    busy = [t for t, running in samples if running > 0]
+    done = samples[-1][1] >= expected
     return {
         "clients": len(threads),
         "outcomes": sorted(outcomes),
         "full_answer_s": full_answer_s,
+        "sequences_left_behind": expected,
+        "aborted": samples[-1][1],
+        "seconds_until_all_aborted": samples[-1][0] if done else None,
         "running_before_they_left": running_before,
-        "running_when_they_left": samples[0][1],
-        "seconds_until_no_work": (busy[-1] if busy else 0.0) if samples[-1][1] == 0 else None,
         "samples": samples,
+        "leave_after_s": leave_after_s,
         "settle_s": settle_s,
     }
 
