@@ -342,7 +342,7 @@ class LocalKubeRay:
     def _writable(self, pod: Pod, value: str) -> str:
         """An app arg that is an absolute path must lie on a volume: the root filesystem is read-only."""
         local = self.localize_path(pod, value)
-        if value.startswith("/") and local == value and self.rs_read_only(pod):
+        if value.startswith("/") and local == value and self._read_only_root(pod):
             raise HarnessError(f"serveConfigV2 args name {value}, which is on no volume of the pod: "
                                "the container's root filesystem is read-only")  # fmt: skip
         if local != value:
@@ -350,7 +350,7 @@ class LocalKubeRay:
         return local
 
     @staticmethod
-    def rs_read_only(pod: Pod) -> bool:
+    def _read_only_root(pod: Pod) -> bool:
         return bool((pod.container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
 
     def deploy(self, timeout_s: float = 600) -> float:
