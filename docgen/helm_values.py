@@ -264,7 +264,7 @@ CONTAINER_SECURITY_CONTEXT = {
     "seccompProfile": {"type": "RuntimeDefault"},
     "readOnlyRootFilesystem": True,
 }
-WRITABLE_PATHS = ["/tmp", "/home/ray/.cache", "/home/ray/.config", "/home/ray/.triton"]
+WRITABLE_PATHS = ["/tmp", "/home/ray/.cache", "/home/ray/.config", "/home/ray/.triton", "/home/ray/.nv"]
 
 
 class ControllerState(_Values):
@@ -464,7 +464,7 @@ class ChartValues(_Values):
         default_factory=lambda: list(WRITABLE_PATHS),
         description="emptyDirs mounted on every Ray container (the root filesystem is read-only): /tmp holds "
         "Ray's session dir and logs, ~/.cache vLLM's and torch's compile caches, ~/.config vLLM's usage file, "
-        "~/.triton Triton's kernels. Each hides what the image has at that path; never /home/ray itself "
+        "~/.triton Triton's kernels, ~/.nv CUDA's JIT cache. Each hides what the image has at that path; never /home/ray itself "
         "(Python lives under it).",
     )
     controllerState: ControllerState = Field(default_factory=ControllerState, description="Controller state volume.")
