@@ -238,31 +238,54 @@ def engine_running(cluster: Cluster, replicas: int) -> int:
     return sum(int(status["running"]) for status in cluster.replica_status(replicas).values())
 
 
-def aborted_total(dep: Deployment) -> float:
-    """Requests the engines reported aborted (``ebplus_telemetry_received_total{kind="aborted"}``): every one
-    that left the engine unfinished, as the replica's scheduler saw it free the request."""
+def received_totals(dep: Deployment) -> dict[str, float]:
+    """``ebplus_telemetry_received_total`` by kind: ``completions`` counts every request an engine freed,
+    ``aborted`` those that left unfinished (aborted, failed, or with no output token)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{dep.base_url}/metrics", timeout=30).text
+    out = {"completions": 0.0, "aborted": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "ebplus_telemetry_received_total" and sample.labels.get("kind") == "aborted":
-                return sample.value
-    return 0.0
+            if sample.name == "ebplus_telemetry_received_total" and sample.labels.get("kind") in out:
+                out[sample.labels["kind"]] = sample.value
+    return out
+
+
+def _quiet_totals(dep: Deployment, quiet_s: float, timeout_s: float) -> tuple[dict[str, float], float]:
+    """The totals once they have not moved for ``quiet_s``, and the seconds (from now) of their last move."""
+    started = time.monotonic()
+    last, moved_at = received_totals(dep), started
+    while time.monotonic() - started < timeout_s:
+        time.sleep(0.25)
+        now = received_totals(dep)
+        if now != last:
+            last, moved_at = now, time.monotonic()
+        elif time.monotonic() - moved_at >= quiet_s:
+            break
+    return last, moved_at - started
 
 
 def scenario_abandoned(
-    dep: Deployment, cluster: Cluster, replicas: int, clients: int = 2, leave_after_s: float = 4.0, settle_s: float = 5.0
+    dep: Deployment,
+    cluster: Cluster,
+    replicas: int,
+    clients: int = 2,
+    leave_after_s: float = 0.75,
+    settle_s: float = 5.0,
+    n: int = 16,
 ) -> dict:
     """Clients that give up: non-streamed and streamed requests for long answers, dropped after
     ``leave_after_s``; how long until the engines have let go of every sequence they were running for them
     (target: within ``settle_s``).
 
-    The evidence is what each engine reports when it frees a request: an aborted sequence is
-    counted by the controller (``aborted``, pushed every ``telemetry_interval_s``), so a
-    sequence generated in full for nobody never shows up there. Each request asks for ``n = 8``
-    sequences of 480 tokens; every client left long before its answer could be done, so every
-    sequence of it must be aborted. (A reading of the engines' running count at one instant
+    The evidence is what each engine reports when it frees a request (the controller's counters,
+    pushed every ``telemetry_interval_s``): a sequence generated in full for nobody is counted
+    freed but not aborted (``finished_for_nobody``); one Serve cancelled before the engine took it
+    is counted by neither (it cost the engine nothing). Each request asks for ``n``
+    sequences of 480 tokens, and its client leaves ``leave_after_s`` after sending it (a stream: after
+    its first line), well before the answer can be done (``full_answer_s``, the control, says how
+    long it takes), so every sequence of it must be aborted. (A reading of the engines' running count at one instant
     missed a stream that was being answered: it is kept as the secondary figure.)
 
     Without cancellation a non-streamed answer is generated in full for nobody (nothing is
@@ -270,7 +293,6 @@ def scenario_abandoned(
     """
     import threading
 
-    n = 8
     body = {"model": dep.model, "prompt": "tell me everything", "n": n, "max_tokens": 480, "ignore_eos": True}
 
     def give_up(stream: bool) -> str:
@@ -291,7 +313,7 @@ def scenario_abandoned(
     with httpx.Client(base_url=dep.base_url, timeout=300, headers=dep.api_headers) as client:
         full = client.post("/v1/completions", json={**body, "stream": False})
     full_answer_s = round(time.monotonic() - started, 2) if full.status_code == 200 else None
-    aborted_before = aborted_total(dep)
+    before, _ = _quiet_totals(dep, 1.5, 30)  # the control's own completions in first
     outcomes: list[str] = []
     threads = [
         threading.Thread(target=lambda s=stream: outcomes.append(give_up(s)))
@@ -305,25 +327,18 @@ def scenario_abandoned(
         time.sleep(0.2)
     for t in threads:
         t.join()
-    left_at = time.monotonic()
-    expected = n * sum(1 for o in outcomes if o != "answered before the client left")
-    samples = []  # (seconds after the clients left, sequences aborted since they started)
-    while time.monotonic() - left_at < settle_s + 30:
-        aborted = aborted_total(dep) - aborted_before
-        samples.append((round(time.monotonic() - left_at, 2), aborted))
-        if aborted >= expected:
-            break
-        time.sleep(0.2)
-    done = samples[-1][1] >= expected
+    after, last_move_s = _quiet_totals(dep, 2.0, settle_s + 30)
+    freed = after["completions"] - before["completions"]
+    aborted = after["aborted"] - before["aborted"]
     return {
         "clients": len(threads),
         "outcomes": sorted(outcomes),
         "full_answer_s": full_answer_s,
-        "sequences_left_behind": expected,
-        "aborted": samples[-1][1],
-        "seconds_until_all_aborted": samples[-1][0] if done else None,
+        "sequences_sent": n * len(threads),
+        "aborted": aborted,
+        "finished_for_nobody": freed - aborted,
+        "seconds_until_no_work": round(last_move_s, 2),
         "running_before_they_left": running_before,
-        "samples": samples,
         "leave_after_s": leave_after_s,
         "settle_s": settle_s,
     }
