@@ -35,18 +35,18 @@ def model_path(cfg: ServeConfig, build: bool = False) -> str:
 
     name, cache = builtin_spec(cfg)
     if build:
-        return str(models.build_builtin(name, Path(cache), log=models.log_line))
-    return str(models.builtin_dir(name, Path(cache)))
+        return str(models.build_builtin(name, cache, log=models.log_line))
+    return str(models.builtin_dir(name, cache))
 
 
-def builtin_spec(cfg: ServeConfig) -> tuple[str, str]:
+def builtin_spec(cfg: ServeConfig) -> tuple[str, Path]:
     """``(name, absolute cache directory)`` of a builtin ``model.source``.
 
     A relative ``cache_dir`` is resolved against the working directory of the
     process that builds the application, once, so the replicas build where the
     application said, whatever their own working directory.
     """
-    return cfg.model.source.removeprefix("builtin:"), str(Path(cfg.model.cache_dir).expanduser().resolve())
+    return cfg.model.source.removeprefix("builtin:"), Path(cfg.model.cache_dir).expanduser().resolve()
 
 
 def request_limits(cfg: ServeConfig) -> dict[str, str]:
@@ -131,15 +131,10 @@ def replica_builds(models: Iterable[ServeConfig], built: Mapping[str, str]) -> d
     from ebplus.deploy import models as builders
 
     return {
-        m.model.id: functools.partial(builders.build_builtin, *_spec_args(m), log=builders.log_line)
+        m.model.id: functools.partial(builders.build_builtin, *builtin_spec(m), log=builders.log_line)
         for m in models
         if m.model.id not in built and m.model.source.startswith("builtin:")
     }
-
-
-def _spec_args(cfg: ServeConfig) -> tuple[str, Path]:
-    name, cache = builtin_spec(cfg)
-    return name, Path(cache)
 
 
 def model_paths(cfg: ServeConfig, build: bool = False) -> dict[str, str]:

@@ -400,7 +400,7 @@ def build_tiny_llama(cache_dir: Path, seed: int = 0, log: Log = _quiet) -> Path:
     return _build_atomically(out_dir, "tiny-llama", build, log)
 
 
-#: builtin name -> (builder, directory name under the cache).
+#: builtin name -> its directory's name under the cache.
 BUILTIN_DIRS = {"smollm2": SMOLLM2_DIRNAME, "tiny": "tiny-llama-seed0"}
 
 
