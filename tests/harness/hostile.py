@@ -387,7 +387,7 @@ def listeners(pid: int) -> list[dict]:
     for proc in process_tree(pid):
         try:
             conns = proc.net_connections(kind="tcp")
-            name = " ".join(proc.cmdline()[:3])[:120]
+            name = " ".join(proc.cmdline()[:3])  # not cut to a width: a deep checkout's path would hide the script
         except psutil.Error:
             continue
         for c in conns:
