@@ -56,14 +56,15 @@ test-vllm: $(VLLM_VENV)/.ebplus-installed-$(VLLM)
 # the scheduler on vLLM's real Scheduler (the k/N cap bounds admissions, skipped requests counted
 # and released), the plugin's units (its refusals included), greedy outputs identical to stock in MB
 # and EB (tiny and SmolLM2), run-time control through the engine and AsyncLLM, and plain `vllm serve`
-# with the plugin (/admin, metrics, a clean stop). Left to `make test-vllm`: the two end-to-end
+# with the plugin (/admin, metrics, a clean stop), and a cancelled request aborted in every window.
+# Left to `make test-vllm`: the two end-to-end
 # refusals, which start vLLM again only to see it refuse (`make test` runs them on 0.29).
 VLLM_CI ?= 0.32.0
 VLLM_CI_SKIP := tests/e2e/test_plain_vllm.py::test_several_api_servers_are_refused \
   tests/e2e/test_plain_vllm.py::test_a_vllm_outside_the_range_is_refused
 test-vllm-ci:
 	$(MAKE) test-vllm VLLM=$(VLLM_CI) \
-	  VLLM_TESTS="tests/unit/test_scheduler_core.py tests/unit/test_vllm_plugin.py tests/engine/test_scheduler.py tests/e2e/test_plain_vllm.py" \
+	  VLLM_TESTS="tests/unit/test_scheduler_core.py tests/unit/test_vllm_plugin.py tests/engine/test_scheduler.py tests/engine/test_cancellation.py tests/e2e/test_plain_vllm.py" \
 	  PYTEST_ARGS="$(PYTEST_ARGS) -p no:cacheprovider $(addprefix --deselect ,$(VLLM_CI_SKIP))"
 
 serve: install

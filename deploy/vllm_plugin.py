@@ -66,6 +66,7 @@ from ebplus.deploy.config import DEFAULT_MAX_BODY_BYTES, AuthSection
 from ebplus.deploy.middleware import BodySizeLimit, JsonBodyGuard
 from ebplus.replicas import settings
 from ebplus.replicas.budget import GENERATING_ROUTES, OutputBudget
+from ebplus.replicas.cancellation import guard_add_request
 from ebplus.replicas.compat import TopologyError, VllmVersionError, check_api_servers, check_vllm_version
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.control import EngineControl
@@ -310,6 +311,7 @@ async def create_runtime(engine_client: Any, args: Namespace | None) -> EBPlusRu
     check_topology(vllm_config, args)
     check_scheduler(vllm_config)
     config = load_settings(vllm_config.additional_config)
+    guard_add_request(engine_client)  # a client gone while its request is added leaves no work behind
     return EBPlusRuntime(engine_client, config, served_model_name(vllm_config, args))
 
 

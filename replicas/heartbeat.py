@@ -40,12 +40,13 @@ async def with_heartbeats(stream: AsyncIterator[T], every_s: float) -> AsyncIter
     """``stream``'s items, with :data:`HEARTBEAT` first and whenever ``every_s`` pass without an item.
 
     The first heartbeat says the replica took the request. Closing this generator
-    (the caller went away) cancels the pending read and closes ``stream``, so the
-    engine aborts the request as it would without heartbeats.
+    (the caller went away), at any of its items the first included, cancels the
+    pending read and closes ``stream``, so the engine aborts the request as it
+    would without heartbeats.
     """
-    yield HEARTBEAT
     pending: asyncio.Future | None = None
     try:
+        yield HEARTBEAT
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(anext(stream))

@@ -29,6 +29,7 @@ from ebplus.controller.client import ControllerClient
 from ebplus.controller.messages import Mode
 from ebplus.controller.views import ThresholdsView
 from ebplus.replicas.budget import OutputBudget
+from ebplus.replicas.cancellation import guard_add_request, read_when_read
 from ebplus.replicas.config import ReplicaSection
 from ebplus.replicas.control import EngineControl
 from ebplus.replicas.heartbeat import with_heartbeats
@@ -82,6 +83,7 @@ class EBPlusServer(LLMServer):
     async def start(self) -> None:
         await super().start()
         client = self.engine._engine_client
+        guard_add_request(client)  # a client gone while its request is added leaves no work behind
         self._budget = OutputBudget.for_engine(client.vllm_config, self._section.max_request_output)
         self._control = EngineControl(client)
         self._loop_task = asyncio.get_running_loop().create_task(self._telemetry_loop())
@@ -124,6 +126,10 @@ class EBPlusServer(LLMServer):
         refused = self._refuse(request)
         return refused if refused is not None else await super().completions(request, raw_request_info)
 
+    def _batch_output_stream(self, generator: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """Ray Serve LLM's batched stream, made when first read (:func:`~ebplus.replicas.cancellation.read_when_read`)."""
+        return read_when_read(super()._batch_output_stream, generator)
+
     def _refuse(self, request: Any) -> AsyncIterator[Any] | None:
         problem = self._budget.problem(lambda name: getattr(request, name, None))
         if problem is None:
@@ -153,7 +159,9 @@ class EBPlusServer(LLMServer):
         return {
             "replica_id": pump.replica_id,
             "applied": ThresholdsView.of(applied).model_dump(mode="json"),
-            "first_update": None if pump.first_update is None else ThresholdsView.of(pump.first_update).model_dump(mode="json"),
+            "first_update": None
+            if pump.first_update is None
+            else ThresholdsView.of(pump.first_update).model_dump(mode="json"),
             "registered": pump.registered,
             "running": 0 if report is None else report.running_total,
             "waiting": 0 if report is None else report.waiting_total,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,26 @@ def engine_env(**env: str) -> Iterator[None]:
     """The tests' engine environment (in-process core, 1 GiB of KV) plus ``env``, restored afterwards."""
     with environment({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", **env}):
         yield
+
+
+@contextlib.asynccontextmanager
+async def async_llm(model: Path, sections: dict[str, Any]) -> AsyncIterator[Any]:
+    """The replica's engine: an ``AsyncLLM`` (engine core in its own process) running our scheduler,
+    configured by ``sections`` (``additional_config``'s, which win over the ``EBPLUS_*`` environment)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from ebplus.replicas.settings import additional_config
+
+    args = AsyncEngineArgs(
+        model=str(model), scheduler_cls=SCHEDULER_CLS, additional_config=additional_config(sections), **TINY_ENGINE
+    )
+    with engine_env(EBPLUS_MODE="mb", VLLM_ENABLE_V1_MULTIPROCESSING="1"):
+        engine = AsyncLLM.from_engine_args(args)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
 
 
 def make_llm(model: Path, engine: dict, scheduler: bool, **env: str) -> Any:

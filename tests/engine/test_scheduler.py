@@ -20,7 +20,17 @@ from typing import Any
 
 import msgspec
 import pytest
-from engine_helpers import TINY_ENGINE, Workload, applied, apply, core_of, drain, engine_env, generate, make_llm
+from engine_helpers import (
+    TINY_ENGINE,
+    Workload,
+    applied,
+    apply,
+    async_llm,
+    core_of,
+    drain,
+    generate,
+    make_llm,
+)
 
 from ebplus.controller.messages import DrainReport, EngineStats, FinishReason, Mode, StepKind, ThresholdUpdate
 
@@ -262,20 +272,12 @@ def test_control_channel_through_asyncllm(tiny_model: Path) -> None:
 
     async def scenario() -> None:
         from vllm import SamplingParams
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
 
         from ebplus.replicas.config import SchedulerSection
         from ebplus.replicas.control import EngineControl
-        from ebplus.replicas.settings import SCHEDULER_CLS, additional_config
 
-        extra = additional_config({"scheduler": SchedulerSection(mode=Mode.EB, k=3, n=8)})
-        args = AsyncEngineArgs(
-            model=str(tiny_model), scheduler_cls=SCHEDULER_CLS, additional_config=extra, **TINY_ENGINE
-        )
-        with engine_env(EBPLUS_MODE="mb", VLLM_ENABLE_V1_MULTIPROCESSING="1"):  # additional_config wins
-            engine = AsyncLLM.from_engine_args(args)
-        try:
+        sections = {"scheduler": SchedulerSection(mode=Mode.EB, k=3, n=8)}
+        async with async_llm(tiny_model, sections) as engine:  # EBPLUS_MODE=mb: additional_config wins
             control = EngineControl(engine)
             assert await control.applied() == ThresholdUpdate(mode=Mode.EB, k=3, n=8, version=0, active=Mode.EB)
 
@@ -298,8 +300,6 @@ def test_control_channel_through_asyncllm(tiny_model: Path) -> None:
                 await control._call("ebplus_apply", msgspec.msgpack.encode({"mode": "eb", "k": 0, "n": 4}))
             assert (await control.applied()).version == 3  # the engine kept running on the old values
             assert len(await asyncio.gather(*(one(i) for i in range(3)))) == 3
-        finally:
-            engine.shutdown()
 
     asyncio.run(scenario())
 

@@ -98,6 +98,36 @@ def test_closing_the_heartbeat_stream_aborts_the_engine_stream() -> None:
     assert closed == ["cancelled"]
 
 
+class Running:
+    """An engine stream already at work before it is read (Ray Serve LLM's batched stream is); records its close."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def __aiter__(self) -> Running:
+        return self
+
+    async def __anext__(self) -> str:
+        await asyncio.sleep(10.0)
+        return "a"
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_closing_at_the_first_heartbeat_closes_the_engine_stream() -> None:
+    """A client gone while its first heartbeat is on the way: the engine stream is closed all the same."""
+    engine = Running()
+
+    async def run() -> None:
+        stream = with_heartbeats(engine, every_s=0.05)
+        assert await anext(stream) == HEARTBEAT
+        await stream.aclose()
+
+    asyncio.run(run())
+    assert engine.closed
+
+
 def test_items_that_look_like_text_pass_through() -> None:
     """Only the exact heartbeat is dropped: stream chunks (strings, lists) and responses are not."""
 
