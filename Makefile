@@ -64,7 +64,7 @@ VLLM_CI_SKIP := tests/e2e/test_plain_vllm.py::test_several_api_servers_are_refus
   tests/e2e/test_plain_vllm.py::test_a_vllm_outside_the_range_is_refused
 test-vllm-ci:
 	$(MAKE) test-vllm VLLM=$(VLLM_CI) \
-	  VLLM_TESTS="tests/unit/test_scheduler_core.py tests/unit/test_vllm_plugin.py tests/engine/test_scheduler.py tests/engine/test_cancellation.py tests/e2e/test_plain_vllm.py" \
+	  VLLM_TESTS="tests/unit/test_scheduler_core.py tests/unit/test_vllm_plugin.py tests/engine/test_scheduler.py tests/engine/test_cancellation_asyncllm.py tests/e2e/test_plain_vllm.py" \
 	  PYTEST_ARGS="$(PYTEST_ARGS) -p no:cacheprovider $(addprefix --deselect ,$(VLLM_CI_SKIP))"
 
 serve: install

@@ -7,7 +7,7 @@ the engine core once per sequence (``n`` times for ``n > 1``, after an awaited
 tokenisation); a cancellation that lands in one of those awaits leaves the queue
 unknown to ``generate``, so it aborts nothing, and every sequence already handed
 to the engine core is generated in full for nobody (vLLM 0.29 and 0.32:
-``tests/engine/test_cancellation.py`` shows it). :func:`guard_add_request` wraps
+``tests/engine/test_cancellation_asyncllm.py`` shows it). :func:`guard_add_request` wraps
 one ``AsyncLLM``'s ``add_request``: the adding runs to its end in a task of its
 own, shielded from the caller's cancellation, and if the caller was cancelled
 meanwhile the request is aborted as soon as it is in (the abort ``generate``

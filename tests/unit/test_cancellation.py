@@ -1,6 +1,6 @@
 """Cancelled requests leave no engine work: the add_request guard and the lazily made batched stream.
 
-The real engine's side is ``tests/engine/test_cancellation.py``; here the asyncio
+The real engine's side is ``tests/engine/test_cancellation_asyncllm.py``; here the asyncio
 behaviour, with Ray Serve LLM's own ``Batcher`` for the batched stream.
 """
 
