@@ -14,6 +14,12 @@ and two replica event loops in threads of their own; these settings halve the se
 plane's CPU per output token (2.0 -> 0.93 CPU-s per 1,000 output tokens with HAProxy, with Ray
 Serve LLM's own app as the baseline), and no behaviour of the API changes.
 
+Throughput mode makes each ingress replica serve HTTP itself ("direct ingress"), and Ray holds
+a stopping one open for 30 s so that a load balancer in front of it can deregister it. On
+Kubernetes that wait is kept (the chart sets :data:`SERVE_ENV` only); on the cluster
+``ebplus serve`` starts nothing stands in front, and :data:`LOCAL_ENV` cuts it to a second
+(an idle stop took 37 s, 30 of them that wait).
+
 HAProxy (``RAY_SERVE_ENABLE_HA_PROXY=1``) is off. In front of the ingress replica it saves
 Ray Serve's Python proxy about 0.8 CPU-s per 1,000 output tokens on this machine, with no
 throughput difference to measure (3 rounds: 1.07, 0.94-1.10, docs/benchmarks/overhead.md);
@@ -65,6 +71,15 @@ SERVE_ENV: dict[str, str] = {
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
 }
 
+#: Only for the cluster ``ebplus serve`` starts (the chart's pods keep Ray's value, see the
+#: module docstring).
+LOCAL_ENV: dict[str, str] = {
+    # An ingress replica that stops keeps serving this long so that load balancers in front of
+    # it deregister it (Ray: 30 s). Nothing stands in front of a local deployment: every stop
+    # waited the 30 s for nobody. In-flight requests are still waited for.
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
+}
+
 
 #: HAProxy's own listeners, fixed by Ray Serve unless set (see the module docstring).
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
@@ -101,14 +116,16 @@ def free_port() -> int:
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Set :data:`SERVE_ENV` in ``environ`` (default ``os.environ``) where not set; returns what is in effect.
+    """Set :data:`SERVE_ENV` and :data:`LOCAL_ENV` in ``environ`` (default ``os.environ``) where not set;
+    returns what is in effect.
 
     With HAProxy on, its stats and metrics ports are set to free ones where not set.
     """
     environ = os.environ if environ is None else environ
-    for key, value in SERVE_ENV.items():
+    wanted = {**SERVE_ENV, **LOCAL_ENV}
+    for key, value in wanted.items():
         environ.setdefault(key, value)
-    applied = {key: environ[key] for key in SERVE_ENV}
+    applied = {key: environ[key] for key in wanted}
     if environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1":
         for key in HAPROXY_PORTS:
             environ.setdefault(key, str(free_port()))

@@ -10,7 +10,8 @@ def test_defaults_fill_only_what_is_unset() -> None:
     applied = serve_env.apply(env)
     assert applied["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"  # turned back by the operator
     assert applied["RAY_SERVE_ENABLE_HA_PROXY"] == "0"  # off by default (deploy/serve_env.py says why)
-    assert set(applied) == set(serve_env.SERVE_ENV)  # HAProxy off: no ports of its own
+    assert set(applied) == set(serve_env.SERVE_ENV) | set(serve_env.LOCAL_ENV)  # HAProxy off: no ports of its own
+    assert applied["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "1"  # a local stop waits for nobody
     assert env["PATH"] == "/bin" and all(env[k] == v for k, v in applied.items())
 
 
@@ -20,8 +21,13 @@ def test_every_setting_is_one_ray_serve_reads() -> None:
 
     ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]  # without importing Ray
     source = (Path(ray_dir) / "serve" / "_private" / "constants.py").read_text()
-    for key in serve_env.SERVE_ENV:
+    for key in {**serve_env.SERVE_ENV, **serve_env.LOCAL_ENV}:
         assert f'"{key}"' in source, f"{key} is not a Ray Serve setting in this Ray version"
+
+
+def test_the_chart_keeps_rays_ingress_drain() -> None:
+    """The local drain cut is not in the list the chart renders: on Kubernetes a load balancer must notice."""
+    assert not set(serve_env.LOCAL_ENV) & set(serve_env.SERVE_ENV)
 
 
 def test_haproxy_gets_free_ports_of_its_own_unless_set() -> None:
