@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ebplus-installed
 CONFIG ?= deploy/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit test-vllm test-vllm-ci lint docs serve models bench-sim bench-controller gpu-probe clean
+.PHONY: install test test-unit vllm-venv vllm-ci-venv test-vllm test-vllm-ci lint docs serve models bench-sim bench-controller gpu-probe clean
 
 install: $(STAMP)
 
@@ -47,6 +47,9 @@ $(VLLM_VENV)/.ebplus-installed-$(VLLM): pyproject.toml deploy/install.sh
 	VLLM_VERSION=$(VLLM) bash deploy/install.sh "$(VLLM_VENV)"
 	touch $@
 
+# the venv alone (`make vllm-venv VLLM=0.32.0`); .ci/run builds CI's beside the main one
+vllm-venv: $(VLLM_VENV)/.ebplus-installed-$(VLLM)
+
 test-vllm: $(VLLM_VENV)/.ebplus-installed-$(VLLM)
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
 	$(VLLM_VENV)/bin/python -m pytest $(VLLM_TESTS) $(PYTEST_ARGS)
@@ -62,6 +65,9 @@ test-vllm: $(VLLM_VENV)/.ebplus-installed-$(VLLM)
 VLLM_CI ?= 0.32.0
 VLLM_CI_SKIP := tests/e2e/test_plain_vllm.py::test_several_api_servers_are_refused \
   tests/e2e/test_plain_vllm.py::test_a_vllm_outside_the_range_is_refused
+vllm-ci-venv:
+	$(MAKE) vllm-venv VLLM=$(VLLM_CI)
+
 test-vllm-ci:
 	$(MAKE) test-vllm VLLM=$(VLLM_CI) \
 	  VLLM_TESTS="tests/unit/test_scheduler_core.py tests/unit/test_vllm_plugin.py tests/engine/test_scheduler.py tests/engine/test_cancellation_asyncllm.py tests/e2e/test_plain_vllm.py" \

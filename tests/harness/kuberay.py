@@ -378,24 +378,27 @@ class LocalKubeRay:
         return bool(statuses) and all(s == "RUNNING" for s in statuses.values())
 
     def stop_pods(self) -> None:
-        """Every pod's process tree killed, as the kubelet ends a deleted pod's containers."""
+        """Every pod's process tree killed, as the kubelet ends a deleted pod's containers: all pods at
+        once (SIGTERM, then SIGKILL after the grace period), as when their node is lost."""
         import psutil
 
-        for pod in reversed(self.pods):
-            if pod.proc is None:
-                continue
+        tree: set[psutil.Process] = set()
+        for pod in self.pods:
+            if pod.proc is not None:
+                with contextlib.suppress(psutil.Error):
+                    root = psutil.Process(pod.proc.pid)
+                    tree |= {root, *root.children(recursive=True), *_session(pod.proc.pid)}
+        for proc in tree:
             with contextlib.suppress(psutil.Error):
-                root = psutil.Process(pod.proc.pid)
-                tree = {root, *root.children(recursive=True), *_session(pod.proc.pid)}
-                for proc in tree:
-                    with contextlib.suppress(psutil.Error):
-                        proc.send_signal(signal.SIGTERM)
-                _, alive = psutil.wait_procs(tree, timeout=15)
-                for proc in alive:
-                    with contextlib.suppress(psutil.Error):
-                        proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                pod.proc.wait(timeout=10)
+                proc.send_signal(signal.SIGTERM)
+        _, alive = psutil.wait_procs(tree, timeout=15)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        for pod in self.pods:
+            if pod.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    pod.proc.wait(timeout=10)
         self.pods = []
 
     @contextlib.contextmanager

@@ -33,8 +33,10 @@ ROLLOUTS = (
                 "min_replicas": 2,
                 "max_replicas": 3,
                 "target_ongoing_requests": 2,
-                "upscale_delay_s": 3,
-                "downscale_delay_s": 15,
+                # a queue must last 15 s to add a replica and a dip 20 s to remove one: a replica
+                # out for the rolling update, or a lull, no longer starts (and kills) an engine
+                "upscale_delay_s": 15,
+                "downscale_delay_s": 20,
                 "metrics_interval_s": 1,
                 "look_back_period_s": 5,
             },
