@@ -23,8 +23,8 @@ from harness import nodeloss, rollout
 from harness.multinode import MULTINODE_CONFIG, rollout_config, start_cluster
 from harness.nodes import LocalCluster
 
-#: In ``make test``: about 12 minutes on this 2-core machine, quiet (cluster and deployment 2.2, node
-#: loss 1.6, rolling update 3.7, autoscaling cycle 3.7, the two controller starts 0.4).
+#: In ``make test``: about 10.5 minutes on this 2-core machine, quiet (cluster and deployment 1.9, node
+#: loss 1.5, rolling update 2.7, autoscaling cycle 3.9, the two controller starts 0.4).
 pytestmark = [pytest.mark.e2e]
 
 ADMIN_TOKEN = "scaleout-admin-token-3f7a"

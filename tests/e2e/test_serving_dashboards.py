@@ -72,6 +72,9 @@ def test_every_panel_has_data_on_the_live_deployment(deployment, prometheus) -> 
             # reached two of Prometheus's scrapes of Ray's agent (its export lags the engine by seconds)
             for histogram in LATENCY_HISTOGRAMS:
                 prom.wait_for(f"sum(rate({histogram}_count[1m])) > 0", timeout=180)
+            # so is the controller's update latency: once a re-plan (every update_every completions of
+            # this traffic) reached two scrapes of the ingress
+            prom.wait_for("sum(rate(ebplus_controller_update_seconds_count[1m])) > 0", timeout=180)
             time.sleep(20)  # rates over the window the queries use
             failures = []
             for query in panel_queries():
