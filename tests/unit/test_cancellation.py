@@ -35,16 +35,21 @@ class Engine:
         self.aborted.append((request_id, internal))
 
 
+async def cancelled_while_adding(engine: Engine, request_id: str, after_s: float) -> None:
+    """``add_request`` started, its caller cancelled ``after_s`` later: the caller gets its cancellation."""
+    caller = asyncio.ensure_future(engine.add_request(request_id))
+    await asyncio.sleep(after_s)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+
+
 def test_a_caller_cancelled_while_adding_gets_its_cancellation_and_the_request_is_aborted_once_in() -> None:
     engine = Engine(add_s=0.2)
     guard_add_request(engine)
 
     async def run() -> None:
-        caller = asyncio.ensure_future(engine.add_request("r1"))
-        await asyncio.sleep(0.05)
-        caller.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await caller
+        await cancelled_while_adding(engine, "r1", after_s=0.05)
         assert engine.added == [] and engine.aborted == []  # at once: the adding is still under way
         await asyncio.sleep(0.3)
 
@@ -61,11 +66,7 @@ def test_an_uncancelled_call_is_unchanged_and_a_failed_one_aborts_nothing() -> N
     guard_add_request(refusing)
 
     async def run() -> None:
-        caller = asyncio.ensure_future(refusing.add_request("r2"))
-        await asyncio.sleep(0.02)
-        caller.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await caller
+        await cancelled_while_adding(refusing, "r2", after_s=0.02)
         await asyncio.sleep(0.2)
 
     asyncio.run(run())
