@@ -60,8 +60,8 @@ test-vllm: $(VLLM_VENV)/.ebplus-installed-$(VLLM)
 # and released), the plugin's units (its refusals included), greedy outputs identical to stock in MB
 # and EB (tiny and SmolLM2), run-time control through the engine and AsyncLLM, and plain `vllm serve`
 # with the plugin (/admin, metrics, a clean stop), and a cancelled request aborted in every window.
-# Left to `make test-vllm`: the two end-to-end
-# refusals, which start vLLM again only to see it refuse (`make test` runs them on 0.29).
+# Left to `make test-vllm`: the two end-to-end refusals, which start vLLM again only to see it
+# refuse (`make test` runs them on 0.29).
 VLLM_CI ?= 0.32.0
 VLLM_CI_SKIP := tests/e2e/test_plain_vllm.py::test_several_api_servers_are_refused \
   tests/e2e/test_plain_vllm.py::test_a_vllm_outside_the_range_is_refused
