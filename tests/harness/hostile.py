@@ -252,8 +252,14 @@ def received_totals(dep: Deployment) -> dict[str, float]:
     return out
 
 
-def _quiet_totals(dep: Deployment, quiet_s: float, timeout_s: float) -> tuple[dict[str, float], float]:
-    """The totals once they have not moved for ``quiet_s``, and the seconds (from now) of their last move."""
+def _quiet_totals(
+    dep: Deployment, quiet_s: float, timeout_s: float, completions_at_least: float = 0.0
+) -> tuple[dict[str, float], float]:
+    """The totals once they count ``completions_at_least`` and have not moved for ``quiet_s``, and the seconds
+    (from now) of their last move.
+
+    Quiet alone is not proof that a push arrived: a push that times out (``PUSH_TIMEOUT_S``, 2 s) keeps its
+    records for the next one, so a count the caller knows is coming is waited for by number."""
     started = time.monotonic()
     last, moved_at = received_totals(dep), started
     while time.monotonic() - started < timeout_s:
@@ -261,7 +267,7 @@ def _quiet_totals(dep: Deployment, quiet_s: float, timeout_s: float) -> tuple[di
         now = received_totals(dep)
         if now != last:
             last, moved_at = now, time.monotonic()
-        elif time.monotonic() - moved_at >= quiet_s:
+        elif time.monotonic() - moved_at >= quiet_s and last["completions"] >= completions_at_least:
             break
     return last, moved_at - started
 
@@ -309,11 +315,13 @@ def scenario_abandoned(
         except httpx.TimeoutException:
             return "left before the answer"
 
+    zero = received_totals(dep)
     started = time.monotonic()  # the control: how long the engine works for one such request a client waits for
     with httpx.Client(base_url=dep.base_url, timeout=300, headers=dep.api_headers) as client:
         full = client.post("/v1/completions", json={**body, "stream": False})
     full_answer_s = round(time.monotonic() - started, 2) if full.status_code == 200 else None
-    before, _ = _quiet_totals(dep, 1.5, 30)  # the control's own completions in first
+    # the control's own n completions in first (counted, not guessed from a quiet spell)
+    before, _ = _quiet_totals(dep, 1.5, 30, completions_at_least=zero["completions"] + n)
     outcomes: list[str] = []
     threads = [
         threading.Thread(target=lambda s=stream: outcomes.append(give_up(s)))
