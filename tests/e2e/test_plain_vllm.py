@@ -12,6 +12,7 @@ metrics on vLLM's ``/metrics``, a clean stop, and the refusal of several API ser
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -248,33 +249,55 @@ def test_stops_cleanly(server: Server) -> None:
     assert our_frames(log) == [], log[-6000:]
 
 
-def test_several_api_servers_are_refused(tmp_path: Path) -> None:
+#: The two starts that must be refused: ``vllm serve``'s own code with two API servers, and the API server
+#: under a vLLM that reports a release outside the supported range (the installed one, claiming 0.28.1).
+REFUSED_STARTS = {
+    "several API servers": [sys.executable, "-c", VLLM_SERVE, "--model", MODEL, "--host", "127.0.0.1",
+                            "--port", str(PORT + 1), "--api-server-count", "2", *ENGINE_ARGS],
+    "outside the range": [sys.executable, "-c", "import runpy, sys, vllm; vllm.__version__ = '0.28.1'; "
+                          "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__')",
+                          "--model", MODEL, "--host", "127.0.0.1", "--port", str(PORT + 2), *ENGINE_ARGS],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, float]]:
+    """Each of :data:`REFUSED_STARTS`' exit status, output and seconds, the two started side by side: each
+    is mostly vLLM's import, and the two refusals would otherwise cost as long as a server start each."""
+    hf_home, _ = hub_home(tmp_path_factory.mktemp("refused") / "hf")
+    started = time.monotonic()
+    procs = {
+        name: subprocess.Popen(command, env=server_env(hf_home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+        for name, command in REFUSED_STARTS.items()
+    }  # fmt: skip
+    out = {}
+    for name, proc in procs.items():
+        try:
+            text, _ = proc.communicate(timeout=400)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+        out[name] = (proc.returncode, text, time.monotonic() - started)
+        with contextlib.suppress(ProcessLookupError):  # an API server or engine core the refusal left behind
+            os.killpg(proc.pid, signal.SIGKILL)
+    return out
+
+
+def test_several_api_servers_are_refused(refused: dict[str, tuple[int, str, float]]) -> None:
     """``vllm serve --api-server-count 2``: the engine core refuses to start, naming the flag, and
     ``vllm serve`` exits non-zero (the check runs where vLLM builds the scheduler, so it does not
     depend on which API server process gets to the plugin's own check first)."""
-    hf_home, _ = hub_home(tmp_path / "hf")
-    command = [sys.executable, "-c", VLLM_SERVE, "--model", MODEL, "--host", "127.0.0.1", "--port", str(PORT + 1),
-               "--api-server-count", "2", *ENGINE_ARGS]  # fmt: skip
-    started = time.monotonic()
-    proc = subprocess.run(command, env=server_env(hf_home), capture_output=True, text=True, timeout=400, check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-4000:]
+    returncode, out, seconds = refused["several API servers"]
+    assert returncode != 0, out[-4000:]
     assert "TopologyError: --api-server-count is 2: EB+ runs one controller per engine" in out, out[-4000:]
     assert "Start vLLM with --api-server-count 1" in out
-    print(f"refused, exit {proc.returncode}, after {time.monotonic() - started:.0f} s")
+    print(f"refused, exit {returncode}, after {seconds:.0f} s")
 
 
-def test_a_vllm_outside_the_range_is_refused(tmp_path: Path) -> None:
+def test_a_vllm_outside_the_range_is_refused(refused: dict[str, tuple[int, str, float]]) -> None:
     """A vLLM outside the supported range (the installed one reporting 0.28.1): the start fails naming
     the range and the version found."""
-    hf_home, _ = hub_home(tmp_path / "hf")
-    patched = (
-        "import runpy, sys, vllm; vllm.__version__ = '0.28.1'; "
-        "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__')"
-    )
-    command = [sys.executable, "-c", patched, "--model", MODEL, "--host", "127.0.0.1", "--port", str(PORT + 2),
-               *ENGINE_ARGS]  # fmt: skip
-    proc = subprocess.run(command, env=server_env(hf_home), capture_output=True, text=True, timeout=400, check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-4000:]
+    returncode, out, _ = refused["outside the range"]
+    assert returncode != 0, out[-4000:]
     assert "EB+ supports vLLM 0.29–0.32; found 0.28.1" in out, out[-4000:]
