@@ -21,9 +21,15 @@ $(STAMP): pyproject.toml deploy/install.sh
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Two runs: the tiers that start nothing shared (pure logic, the simulator, the chart, the dashboards'
+# queries) on every core, one test file per worker (pytest-xdist); then the engine and e2e tiers one
+# test at a time, since they start engines and deployments on fixed ports and time what they see.
+# Exit 5 ("nothing collected") is not a failure: PYTEST_ARGS may name tests of one run only.
+PARALLEL := -n auto --dist loadfile
 test: install tools docs
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PARALLEL) -m "not engine and not e2e" $(PYTEST_ARGS) || [ $$? = 5 ]
+	$(VENV)/bin/pytest -m "engine or e2e" $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # the documentation site, built strictly (a broken link or anchor fails) into a
 # temporary directory (not --quiet: it hides the warnings --strict counts, and passes);
@@ -33,7 +39,7 @@ docs: install
 
 # fast tier only: pure logic and the simulator (seconds)
 test-unit: install
-	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PARALLEL) tests/unit $(PYTEST_ARGS)
 
 # Another vLLM release (the plain-vLLM plugin path supports 0.29-0.32, replicas/compat.py):
 # its own virtualenv .venv-vllmXYY made by deploy/install.sh with VLLM_VERSION, then the
