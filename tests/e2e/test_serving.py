@@ -63,7 +63,7 @@ def test_openai_client_load(loaded) -> None:
     kinds = {k for k, _, _ in loaded}
     assert kinds == {"chat", "chat-stream", "completion", "completion-stream"}
     assert all(finish in ("stop", "length") for _, finish, _ in loaded), loaded
-    assert sum(n > 0 for _, _, n in loaded) > 15 * LOAD // 16  # the share of before: more than 300 of 320
+    assert sum(n > 0 for _, _, n in loaded) > 15 * LOAD // 16  # more than 15 in 16 answers carry tokens
 
 
 def admin(deployment, path: str) -> dict:
