@@ -17,7 +17,7 @@ text by hand:
   chart's defaults read from ``helm/ebplus/values.yaml``.
 
 The dashboards page (``docs/reference/dashboards.md``) has its own generator,
-``python -m ebplus.dashboards.generate``. A unit test fails when a committed page
+``python -m docgen.dashboards.generate``. A unit test fails when a committed page
 differs from what this module renders. Imports neither vLLM nor Ray.
 """
 

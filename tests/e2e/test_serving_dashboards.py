@@ -20,9 +20,9 @@ from observability.panels import expand, panel_queries, variable_queries
 from observability.prom import Target, has_finite
 from openai import OpenAI
 
+from docgen.dashboards.external import EXTERNAL_METRICS
+from docgen.dashboards.promql import base_name, metric_names
 from ebplus.controller.exporter import SPECS
-from ebplus.dashboards.external import EXTERNAL_METRICS
-from ebplus.dashboards.promql import base_name, metric_names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

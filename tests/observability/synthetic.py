@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from docgen.dashboards.external import EXTERNAL_METRICS
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.exporter import render
 from ebplus.controller.fleet import FleetController
@@ -35,7 +36,6 @@ from ebplus.controller.messages import (
     TelemetryBatch,
     encode,
 )
-from ebplus.dashboards.external import EXTERNAL_METRICS
 
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)

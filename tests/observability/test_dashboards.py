@@ -20,9 +20,9 @@ import pytest
 from external_tools import REPO
 from observability.panels import DASHBOARDS, load, panel_queries, variable_queries
 
+from docgen.dashboards.external import EXTERNAL
+from docgen.dashboards.promql import base_name, metric_names
 from ebplus.controller.exporter import SPECS
-from ebplus.dashboards.external import EXTERNAL
-from ebplus.dashboards.promql import base_name, metric_names
 
 HISTOGRAMS = {n for n, s in (*SPECS.items(), *EXTERNAL.items()) if s.kind == "histogram"}
 QUERIES = list(panel_queries()) + list(variable_queries())
@@ -30,7 +30,7 @@ QUERIES = list(panel_queries()) + list(variable_queries())
 
 def test_committed_files_are_generated() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "ebplus.dashboards.generate", "--check"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "docgen.dashboards.generate", "--check"], cwd=REPO, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
 
@@ -39,7 +39,7 @@ def test_check_covers_the_chart_copies_and_the_docs_page(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--check`` names a stale chart copy, a stale docs page and a JSON file no dashboard makes; a run fixes all."""
-    from ebplus.dashboards import generate
+    from docgen.dashboards import generate
 
     out_dirs = (tmp_path / "dashboards", tmp_path / "helm" / "ebplus" / "dashboards")
     monkeypatch.setattr(generate, "ROOT", tmp_path)
@@ -165,3 +165,11 @@ def test_datasource_is_a_variable_and_variables_exist(path) -> None:
     # no hard-coded data source UID anywhere
     text = path.read_text()
     assert re.findall(r'"uid": "([^"]*)"', text) == [board["uid"]] + ["${datasource}"] * (text.count('"uid"') - 1)
+
+
+def test_the_installed_package_hands_out_the_committed_dashboards() -> None:
+    import ebplus.dashboards
+
+    shipped = {f.name: f.read_text() for f in ebplus.dashboards.files()}
+    assert shipped == {p.name: p.read_text() for p in sorted((REPO / "dashboards").glob("*.json"))}
+    assert set(shipped) == {"ebplus-control-plane.json", "ebplus-serving.json"}

@@ -31,8 +31,8 @@ from observability.panels import expand, panel_queries, variable_queries
 from observability.prom import Target, has_finite
 from observability.synthetic import MODEL, REPLICAS, SyntheticApp
 
-from ebplus.dashboards.external import EXTERNAL, EXTERNAL_METRICS, VLLM_LABELS, VLLM_PLUGIN_LABELS
-from ebplus.dashboards.grafana import engine
+from docgen.dashboards.external import EXTERNAL, EXTERNAL_METRICS, VLLM_LABELS, VLLM_PLUGIN_LABELS
+from docgen.dashboards.grafana import engine
 
 RAY_MODE = [m for m in EXTERNAL_METRICS if m.mode == "ray"]
 PLUGIN_MODE = [m for m in EXTERNAL_METRICS if m.mode == "plugin"]

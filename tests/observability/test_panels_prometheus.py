@@ -19,8 +19,8 @@ from observability.panels import expand, panel_queries
 from observability.prom import Target, has_finite
 from observability.synthetic import MODEL, REPLICAS, SyntheticApp
 
+from docgen.dashboards.promql import base_name, metric_names
 from ebplus.controller.exporter import SPECS
-from ebplus.dashboards.promql import base_name, metric_names
 
 HISTOGRAMS = {n for n, s in SPECS.items() if s.kind == "histogram"}
 EBPLUS_ONLY = [q for q in panel_queries() if all(base_name(n, HISTOGRAMS) in SPECS for n in metric_names(q.expr))]

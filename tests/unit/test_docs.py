@@ -88,12 +88,12 @@ def test_reference_pages_are_current() -> None:
 
 
 def test_dashboards_page_is_current() -> None:
-    from ebplus.dashboards.generate import DOCS_PAGE, outputs
+    from docgen.dashboards.generate import DOCS_PAGE, outputs
 
     assert DOCS_PAGE == DOCS / "reference" / "dashboards.md"
     current = DOCS_PAGE.read_text() if DOCS_PAGE.exists() else ""
     assert current == outputs()[DOCS_PAGE], (
-        "docs/reference/dashboards.md is stale: run `python -m ebplus.dashboards.generate`"
+        "docs/reference/dashboards.md is stale: run `python -m docgen.dashboards.generate`"
     )
 
 

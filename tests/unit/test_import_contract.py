@@ -128,3 +128,6 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
     assert tops == {"ebplus", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     assert "ebplus/controller/profiles/h200.yaml" in names  # shipped profiles are package data
     assert "ebplus/replicas/scheduler.py" in names and "ebplus/deploy/app.py" in names
+    # the dashboards ship as what Grafana imports; their generator stays in the checkout (docgen)
+    assert {"ebplus/dashboards/ebplus-control-plane.json", "ebplus/dashboards/ebplus-serving.json"} <= set(names)
+    assert not [n for n in names if n.startswith("ebplus/dashboards/") and n.endswith(".py") and "__init__" not in n]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ebplus.dashboards.grafana import (
+from docgen.dashboards.grafana import (
     RATE,
     Dashboard,
     Panel,

@@ -1,6 +1,6 @@
 """The "EB+ serving" dashboard: traffic, latency and engine state of the vLLM replicas, with EB+'s step times.
 
-Every engine query reads both deployments (:func:`~ebplus.dashboards.grafana.engine`): Ray Serve LLM's
+Every engine query reads both deployments (:func:`~docgen.dashboards.grafana.engine`): Ray Serve LLM's
 ``ray_vllm_*`` and plain vLLM's ``vllm:*`` (plugin mode). A per-mode choice (a ``$prefix`` variable the
 user sets) would show "No data" until set right and cannot show a fleet that runs both; the union costs
 one ``or`` per query, and each side is empty in the other deployment.
@@ -8,7 +8,7 @@ one ``or`` per query, and each side is empty in the other deployment.
 
 from __future__ import annotations
 
-from ebplus.dashboards.grafana import (
+from docgen.dashboards.grafana import (
     RATE,
     Dashboard,
     Panel,

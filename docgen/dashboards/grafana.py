@@ -2,7 +2,7 @@
 
 Every metric a query names goes through :func:`metric`, which accepts only names in
 :data:`ebplus.controller.exporter.METRICS` (the app's ``ebplus_*`` metrics) or
-:data:`ebplus.dashboards.external.EXTERNAL_METRICS` (vLLM's ``ray_vllm_*`` / ``vllm:*`` and
+:data:`docgen.dashboards.external.EXTERNAL_METRICS` (vLLM's ``ray_vllm_*`` / ``vllm:*`` and
 Ray Serve's ``ray_serve_*``), so a renamed metric breaks the generator instead of
 leaving a panel on "No data"; deprecated ``ebplus_*`` names are refused. The data source
 is the variable ``$datasource`` (no hard-coded UIDs); per-replica panels filter on the
@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from docgen.dashboards.external import EXTERNAL
 from ebplus.controller.exporter import SPECS
-from ebplus.dashboards.external import EXTERNAL
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
