@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from ebplus.controller import cost_fit
 from ebplus.controller.cost_fit import CostModelFitter, robust_linear_fit
 from ebplus.controller.cost_model import CostModel
 
@@ -139,3 +140,11 @@ def test_a_fixed_cost_fitted_to_zero_stops_at_the_floor() -> None:
     assert m.alpha_d == pytest.approx(ALPHA_FLOOR * float(np.median(4e-5 * sizes)), rel=0.05)
     assert m.alpha_p == pytest.approx(ALPHA_FLOOR * float(np.median(3e-6 * 16 * sizes)), rel=0.05)
     assert m.alpha_p / m.alpha_d < 1e3
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 2047, 2048])
+def test_the_fits_median_is_numpys_to_the_last_bit(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for scale in (1e-6, 1.0, 1e6):
+        x = rng.standard_normal(n) * scale
+        assert cost_fit._median(x) == float(np.median(x))
