@@ -64,10 +64,13 @@ class TokenClock:
     slot (finished or preempted) and back when it is admitted again.
     """
 
-    def __init__(self, requests: int, slots: np.ndarray) -> None:
+    def __init__(self, requests: int, slots: np.ndarray, peer: TokenClock | None = None) -> None:
         self.last, self.gap = slots[0], slots[1]  # per slot
-        self.req_last = np.full(requests, np.nan)  # per request, while it holds no slot
-        self.req_gap = np.zeros(requests)
+        if peer is None:
+            self.req_last = np.full(requests, np.nan)  # per request, while it holds no slot
+            self.req_gap = np.zeros(requests)
+        else:  # another replica's clock of the same fleet: the per-request arrays are shared
+            self.req_last, self.req_gap = peer.req_last, peer.req_gap
         self.hist = np.zeros(N_BINS, np.int64)
 
     def admit(self, slot: int, rid: int) -> None:

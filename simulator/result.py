@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ebplus.controller.estimator import Estimate
 from ebplus.controller.fleet import FleetController
-from ebplus.simulator.latency import SloTargets, slo_report
+from ebplus.controller.messages import Mode
+from ebplus.simulator.latency import SloTargets, histogram_percentile, slo_report
+
+if TYPE_CHECKING:  # the simulator imports this module
+    from ebplus.simulator.sim import Simulator
 
 
 @dataclass
@@ -200,3 +205,68 @@ def estimate_json(controller: FleetController, estimate: Estimate | None) -> dic
     out = {key: getattr(estimate, key) for key in ESTIMATE_KEYS if key != "theta_star"}
     out["theta_star"] = None if plan is None else plan.theta_star
     return {key: out[key] for key in ESTIMATE_KEYS}
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if x.size else float("nan")
+
+
+def result_of(replicas: list[Simulator]) -> SimResult:
+    """The result of a finished run of one replica, or of a fleet's replicas (which share the per-request arrays:
+    each request is served by one of them) as one deployment: latencies over every request, counters summed,
+    the final k and N of the first replica."""
+    first = replicas[0]
+    finished = sum(r.finished for r in replicas)
+    span = float(np.nanmax(first.finish_s)) if finished else 0.0
+    inp, out = first.inp, first.out
+    arrival = first.arrivals.arrival_s
+    ttft = first.first_s - arrival
+    multi = out > 1
+    tpot_all = np.full(out.size, np.nan)
+    tpot_all[multi] = (first.finish_s[multi] - first.first_s[multi]) / (out[multi] - 1)
+    tpot = tpot_all[multi]
+    stall = first.clock.req_gap[multi]
+    hist = first.clock.hist if len(replicas) == 1 else np.sum([r.clock.hist for r in replicas], axis=0)
+    steps = {kind: sum(r.steps[kind] for r in replicas) for kind in first.steps}
+    th = first.machine.thresholds
+    reqs = first.reqs
+    bounds = [(ph.start, ph.stop, ph.label, first.arrivals.phase_start[i]) for i, ph in enumerate(reqs.phases)]
+    return SimResult(
+        policy=first.cfg.policy.value,
+        requests=len(reqs),
+        sim_seconds=span,
+        req_per_s=len(reqs) / span,
+        tok_per_s=float(inp.sum() + out.sum()) / span,
+        out_tok_per_s=float(out.sum()) / span,
+        ttft_p50_s=_pct(ttft, 50),
+        ttft_p99_s=_pct(ttft, 99),
+        tpot_p50_s=_pct(tpot, 50),
+        tpot_p99_s=_pct(tpot, 99),
+        itl_p50_s=histogram_percentile(hist, 50),
+        itl_p99_s=histogram_percentile(hist, 99),
+        stall_p99_s=_pct(stall, 99),
+        stall_max_s=float(stall.max()) if stall.size else float("nan"),
+        preemptions=sum(r.preemptions for r in replicas),
+        mode_switches=sum(r.mode_switches for r in replicas),
+        k_final=None if th.active is Mode.MB else th.effective_k,
+        n_final=th.n,
+        steps=steps,
+        prefill_tokens=sum(r.prefill_tokens for r in replicas),
+        decode_tokens=sum(r.decode_tokens for r in replicas),
+        recompute_tokens=sum(r.recompute_tokens for r in replicas),
+        max_kv_tokens=max(r.max_kv for r in replicas),
+        max_running=max(r.max_running for r in replicas),
+        finish_s=first.finish_s,
+        arrival_s=arrival,
+        first_token_s=first.first_s,
+        input_len=inp,
+        output_len=out,
+        stall_s=first.clock.req_gap,
+        itl_hist=hist,
+        tpot_s=tpot_all,
+        slo=first.cfg.slo,
+        phase_bounds=bounds,
+        timeline=first.timeline,
+        controller=first.controller,
+        step_log=first.log,
+    )

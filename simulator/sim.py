@@ -59,9 +59,9 @@ from ebplus.controller.messages import (
 from ebplus.replicas.phases import EngineView, PhaseMachine, StepPlan
 from ebplus.replicas.pump import TelemetryPump
 from ebplus.simulator.arrivals import Arrivals
-from ebplus.simulator.latency import SloTargets, TokenClock, histogram_percentile
+from ebplus.simulator.latency import SloTargets, TokenClock
 from ebplus.simulator.local import LocalController, run
-from ebplus.simulator.result import SimResult, StepLog
+from ebplus.simulator.result import SimResult, StepLog, result_of
 from ebplus.simulator.truth import SimProfile
 from ebplus.simulator.workloads import Requests
 
@@ -137,7 +137,13 @@ class SimConfig:
 class Simulator:
     """One replica serving ``requests`` on ``profile`` under ``config``; call :meth:`run` once."""
 
-    def __init__(self, profile: HardwareProfile, requests: Requests, config: SimConfig) -> None:
+    def __init__(
+        self, profile: HardwareProfile, requests: Requests, config: SimConfig, *, replica_id: str = REPLICA_ID,
+        peer: Simulator | None = None,
+    ) -> None:  # fmt: skip
+        """``peer``: another replica of the same fleet (:mod:`ebplus.simulator.fleet`): this one shares its
+        requests' arrays, arrival process and controller, and is fed by a router instead of polling arrivals."""
+        self.replica_id = replica_id
         self.profile = SimProfile.of(profile)
         self.cost = profile.cost_model()
         self.block = config.kv_block
@@ -152,15 +158,19 @@ class Simulator:
                 f"the profile's kv_capacity_tokens={self.cap}"
             )
         size = len(requests)
-        self.inp = requests.input_len.astype(np.int64)
-        self.out = requests.output_len.astype(np.int64)
-        # each request's cap (0: none): the workload's, else what a capped output tells of it
-        caps = requests.caps()
-        self.caps = np.where(requests.capped & (caps == 0), self.out, caps).astype(np.int64)
+        if peer is None:
+            self.inp = requests.input_len.astype(np.int64)
+            self.out = requests.output_len.astype(np.int64)
+            # each request's cap (0: none): the workload's, else what a capped output tells of it
+            caps = requests.caps()
+            self.caps = np.where(requests.capped & (caps == 0), self.out, caps).astype(np.int64)
+            self.gen = np.zeros(size, np.int64)  # tokens generated, kept across preemptions
+            self.first_s = np.full(size, np.nan)
+            self.finish_s = np.full(size, np.nan)
+        else:  # per request: written by the one replica that serves it
+            self.inp, self.out, self.caps, self.gen = peer.inp, peer.out, peer.caps, peer.gen
+            self.first_s, self.finish_s = peer.first_s, peer.finish_s
         self._last_kind = StepKind.IDLE  # kind of the previous step (phase-switch costs)
-        self.gen = np.zeros(size, np.int64)  # tokens generated, kept across preemptions
-        self.first_s = np.full(size, np.nan)
-        self.finish_s = np.full(size, np.nan)
         # running requests in admission order, slots [0, m)
         # NOTE: one 2-D array so that removing finished requests is a single compaction.
         self._slots = np.zeros((4, config.n), np.int64)
@@ -169,14 +179,16 @@ class Simulator:
         self.pleft = self._slots[2]  # prompt tokens still to compute (0: decoding)
         self.left = self._slots[3]  # output tokens still to generate
         self._times = np.zeros((2, config.n))  # per slot: latest token time, largest gap (TokenClock)
-        self.clock = TokenClock(size, self._times)
+        self.clock = TokenClock(size, self._times, None if peer is None else peer.clock)
         self.m = 0
         self.n_prefilling = 0
         self.used = 0  # KV tokens held, in whole blocks
         self.waiting: deque[int] = deque()
-        self.arrivals = Arrivals(requests)
+        self.arrivals = Arrivals(requests) if peer is None else peer.arrivals
         self.now = 0.0
         self.finished = 0
+        self._stalled = 0  # steps in a row that computed nothing
+        self._since_push = 0  # steps since the last telemetry push
         # counters
         self.preemptions = 0
         self.recompute_tokens = 0
@@ -204,10 +216,14 @@ class Simulator:
         self._note_thresholds()
         self._pump: TelemetryPump | None = None
         if config.online:
-            self.controller = FleetController(config.controller or ControllerConfig(), clock=lambda: self.now)
+            self.controller = (
+                FleetController(config.controller or ControllerConfig(), clock=lambda: self.now)
+                if peer is None
+                else peer.controller
+            )
             mode = Mode.AUTO if config.policy is Policy.EBPLUS else Mode.EB
             self._pump = TelemetryPump(
-                REPLICA_ID, mode, prior=lambda _: self.cost, capacity=1 << 30, clock=lambda: self.now
+                replica_id, mode, prior=lambda _: self.cost, capacity=1 << 30, clock=lambda: self.now
             )
             self._cycle()  # register: the controller's cold thresholds apply from the first step
 
@@ -265,7 +281,7 @@ class Simulator:
         assert self._pump is not None and self.controller is not None
         run(self._pump.cycle(), self, LocalController(self.controller))
 
-    def _push_telemetry(self) -> None:
+    def flush_telemetry(self) -> None:
         if self._pump is not None and (self._step_buf or self._done_buf):
             self._cycle()
 
@@ -470,9 +486,6 @@ class Simulator:
 
     def run(self) -> SimResult:
         total = len(self.reqs)
-        stalled = 0
-        since_push = 0
-        push_every = self.cfg.telemetry_steps
         while self.finished < total:
             self.waiting.extend(self.arrivals.poll(self.now))
             if self.m == 0 and not self.waiting:
@@ -481,32 +494,38 @@ class Simulator:
                     raise RuntimeError("simulator stalled: nothing running, waiting or arriving")
                 self.now = max(self.now, nxt)
                 continue
-            view = self._view()
-            plan = self.machine.decide(view)
-            n_dec, dec, chunks, admitted, _ = self._schedule(plan)
-            if n_dec == 0 and not chunks:
-                self.machine.observe(admitted, 0, self.m)
-                stalled += 1
-                if stalled > 3:
-                    raise RuntimeError(f"simulator stalled: plan {plan} on {view} makes no progress")
-                continue
-            stalled = 0
-            repeat = self._jump_length(plan, n_dec, dec, chunks, push_every - since_push)
-            for _ in range(repeat - 1):  # the machine sees every step, even when we advance in one go
-                self.machine.decide(view)
-            t0 = self.now
-            seconds = self._execute(n_dec, dec, chunks, repeat)
-            self.now = t0 + seconds
-            n_pre = sum(t for _, t in chunks)
-            self.machine.observe(admitted, n_pre, self.m)
-            self._record_steps(view, n_pre, n_dec, admitted, repeat, t0)
-            self._retire()
-            since_push += repeat
-            if since_push >= push_every:
-                self._push_telemetry()
-                since_push = 0
-        self._push_telemetry()
+            self.step()
+        self.flush_telemetry()
         return self._result()
+
+    def step(self) -> None:
+        """One step the phase machine plans (a run of identical decode steps at once, see ``jump``), with the
+        telemetry push that falls due; the caller has put what arrived by :attr:`now` in :attr:`waiting`."""
+        view = self._view()
+        plan = self.machine.decide(view)
+        n_dec, dec, chunks, admitted, _ = self._schedule(plan)
+        if n_dec == 0 and not chunks:
+            self.machine.observe(admitted, 0, self.m)
+            self._stalled += 1
+            if self._stalled > 3:
+                raise RuntimeError(f"simulator stalled: plan {plan} on {view} makes no progress")
+            return
+        self._stalled = 0
+        push_every = self.cfg.telemetry_steps
+        repeat = self._jump_length(plan, n_dec, dec, chunks, push_every - self._since_push)
+        for _ in range(repeat - 1):  # the machine sees every step, even when we advance in one go
+            self.machine.decide(view)
+        t0 = self.now
+        seconds = self._execute(n_dec, dec, chunks, repeat)
+        self.now = t0 + seconds
+        n_pre = sum(t for _, t in chunks)
+        self.machine.observe(admitted, n_pre, self.m)
+        self._record_steps(view, n_pre, n_dec, admitted, repeat, t0)
+        self._retire()
+        self._since_push += repeat
+        if self._since_push >= push_every:
+            self.flush_telemetry()
+            self._since_push = 0
 
     def _record_steps(self, view: EngineView, n_pre: int, n_dec: int, admitted: int, repeat: int, t0: float) -> None:
         phase = StepKind.of(n_pre, n_dec).value
@@ -538,60 +557,7 @@ class Simulator:
                 log.active.append(th.active.value)
 
     def _result(self) -> SimResult:
-        span = float(np.nanmax(self.finish_s)) if self.finished else 0.0
-        inp, out = self.inp, self.out
-        arrival = self.arrivals.arrival_s
-        ttft = self.first_s - arrival
-        multi = out > 1
-        tpot_all = np.full(out.size, np.nan)
-        tpot_all[multi] = (self.finish_s[multi] - self.first_s[multi]) / (out[multi] - 1)
-        tpot = tpot_all[multi]
-        stall = self.clock.req_gap[multi]
-
-        def pct(x: np.ndarray, q: float) -> float:
-            return float(np.percentile(x, q)) if x.size else float("nan")
-
-        th = self.machine.thresholds
-        bounds = [(ph.start, ph.stop, ph.label, self.arrivals.phase_start[i]) for i, ph in enumerate(self.reqs.phases)]
-        return SimResult(
-            policy=self.cfg.policy.value,
-            requests=len(self.reqs),
-            sim_seconds=span,
-            req_per_s=len(self.reqs) / span,
-            tok_per_s=float(inp.sum() + out.sum()) / span,
-            out_tok_per_s=float(out.sum()) / span,
-            ttft_p50_s=pct(ttft, 50),
-            ttft_p99_s=pct(ttft, 99),
-            tpot_p50_s=pct(tpot, 50),
-            tpot_p99_s=pct(tpot, 99),
-            itl_p50_s=histogram_percentile(self.clock.hist, 50),
-            itl_p99_s=histogram_percentile(self.clock.hist, 99),
-            stall_p99_s=pct(stall, 99),
-            stall_max_s=float(stall.max()) if stall.size else float("nan"),
-            preemptions=self.preemptions,
-            mode_switches=self.mode_switches,
-            k_final=None if th.active is Mode.MB else th.effective_k,
-            n_final=th.n,
-            steps=dict(self.steps),
-            prefill_tokens=self.prefill_tokens,
-            decode_tokens=self.decode_tokens,
-            recompute_tokens=self.recompute_tokens,
-            max_kv_tokens=self.max_kv,
-            max_running=self.max_running,
-            finish_s=self.finish_s,
-            arrival_s=arrival,
-            first_token_s=self.first_s,
-            input_len=inp,
-            output_len=out,
-            stall_s=self.clock.req_gap,
-            itl_hist=self.clock.hist,
-            tpot_s=tpot_all,
-            slo=self.cfg.slo,
-            phase_bounds=bounds,
-            timeline=self.timeline,
-            controller=self.controller,
-            step_log=self.log,
-        )
+        return result_of([self])
 
 
 def simulate(profile: HardwareProfile, requests: Requests, config: SimConfig) -> SimResult:
