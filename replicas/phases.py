@@ -162,10 +162,15 @@ class PhaseMachine:
             phase = StepKind.IDLE
         return StepPlan(phase, decode=True, prefill=True, max_admit=room)
 
+    def freed(self, running: int) -> int:
+        """Slots freed since the last EB prefill phase ended (with ``running`` now): once ``k`` have, fewer
+        than ``k`` waiting requests open a window too. Routers read it off a replica's phase board."""
+        return 0 if self._refilled_to is None else self._refilled_to - running
+
     def _exclusive(self, view: EngineView, room: int, blocked: bool, th: ThresholdUpdate) -> StepPlan:
         k, bound = th.effective_k, th.prefill_steps
         admissible = 0 if blocked else min(view.waiting, room)
-        freed = 0 if self._refilled_to is None else self._refilled_to - view.running
+        freed = self.freed(view.running)
         if self.phase is StepKind.PREFILL:
             if view.prefilling == 0 and admissible == 0:
                 self._switch(StepKind.DECODE)

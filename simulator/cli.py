@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from ebplus.arguments import positive_float, positive_int
+from ebplus.errors import CommandError
 
 POLICIES = ("mb", "eb", "v0", "eb+")
+ROUTER_NAMES = ("default", "least-loaded", "phase")  # ebplus.deploy.routing.ROUTERS, without importing it
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             "JSON keys (--json): see SimResult in ebplus.simulator.result."
         ),
     )
-    p.add_argument("--profile", required=True, metavar="NAME|FILE", help="hardware profile")
+    p.add_argument(
+        "--profile",
+        required=True,
+        metavar="NAME|FILE[,...]",
+        help="hardware profile; with --replicas, a comma-separated list is taken in turn (a mixed fleet)",
+    )
     p.add_argument("--workload", required=True, metavar="NAME|FILE", help="workload, schedule or trace")
     p.add_argument("--policy", required=True, choices=POLICIES, help="batching policy")
     p.add_argument("--k", type=positive_int, default=None, help="fixed EB threshold (with --policy eb)")
@@ -75,6 +83,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--requests", type=positive_int, default=None, help="requests (per phase of a schedule; default 2000)"
     )
+    p.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="replicas behind a router, one controller for all (default 1: one engine, no router)",
+    )
+    p.add_argument(
+        "--router",
+        choices=ROUTER_NAMES,
+        default="default",
+        help="with --replicas > 1: default = Ray Serve's power of two choices on queue length; least-loaded = "
+        "the least prompt tokens to prefill plus KV tokens decoding; phase = the replica whose next prefill "
+        "window admits the request soonest (ebplus.deploy.routing)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_simulate)
@@ -82,24 +104,40 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     from ebplus.controller.cost_model import resolve_profile
+    from ebplus.deploy.routing import make_router
+    from ebplus.simulator.fleet import simulate_fleet
     from ebplus.simulator.latency import SloTargets
     from ebplus.simulator.sim import Policy, SimConfig, simulate
     from ebplus.simulator.workloads import build_requests, load_source
 
-    profile = resolve_profile(args.profile)
+    profiles = [resolve_profile(name) for name in args.profile.split(",")]
+    if len(profiles) > 1 and args.replicas == 1:
+        raise CommandError("--profile: several profiles need --replicas > 1")
+    profile = profiles[0]
     source = load_source(args.workload)
     slo = SloTargets(args.slo_ttft, args.slo_itl, args.slo_tpot)
     slo = None if slo == SloTargets() else slo
     config = SimConfig(policy=Policy(args.policy), k=args.k, n=args.n, budget=args.budget, slo=slo)
     reqs = build_requests(source, seed=args.seed, requests=args.requests, concurrency=args.concurrency,
                           rate=args.rate, burst_cv=args.burst_cv)  # fmt: skip
-    result = simulate(profile, reqs, config)
-    data = result.as_json()
+    fleet = None
+    if args.replicas > 1:
+        fleet = simulate_fleet(profiles, reqs, config, args.replicas, make_router(args.router, args.seed, math.inf))
+        result, data = fleet.fleet, fleet.as_json()
+    else:
+        result = simulate(profile, reqs, config)
+        data = result.as_json()
     if args.json:
         print(json.dumps(data))
         return 0
     policy = args.policy + (f" (k={args.k})" if args.k else " (online)" if config.online else "")
-    print(f"profile        {profile.name}")
+    print(f"profile        {', '.join(p.name for p in profiles)}")
+    if fleet is not None:
+        short = data["windows_short_share"]
+        print(f"fleet          {args.replicas} replicas behind the {args.router} router; occupancy "
+              f"{data['occupancy_min']:.2f}..{data['occupancy_max']:.2f} (mean {data['occupancy_mean']:.2f}); "
+              f"{data['windows_opened']} prefill windows"
+              + ("" if short is None else f", {100 * short:.0f}% admitted fewer than k"))  # fmt: skip
     print(f"workload       {reqs.name or args.workload}: {', '.join(ph.label for ph in reqs.phases)}")
     print(f"policy         {policy}, N <= {args.n}, budget {args.budget} tokens/step")
     print(f"requests       {data['requests']} in {data['sim_seconds']:.1f} simulated s")

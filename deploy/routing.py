@@ -1,0 +1,242 @@
+"""Which replica a request goes to: two baselines and the EB-phase-aware router, as pure policy.
+
+One implementation for every host: the fleet simulator (:mod:`ebplus.simulator.fleet`) calls
+:meth:`Router.choose` with boards it reads off its replicas, and a deployment's request router
+calls it with the boards its replicas last published. No vLLM or Ray import, and no call that
+waits: a router decides from the boards it holds.
+
+Each replica publishes a :class:`PhaseBoard`: its mode and phase, its slots, its queue, and what
+its next prefill window needs (``k``, the slots freed since the last window closed, the chance
+a running request finishes in a decode step). Under exclusive batching a request that arrives
+while a replica decodes waits until that replica opens its next prefill window, and a window opens
+only once ``k`` requests can be admitted (``replicas/phases.py``); a router that sees only queue
+lengths sends requests to a replica that will not prefill for seconds while another opens a window
+now. :func:`admission_eta` turns a board into when a request routed there now would be admitted.
+
+Routers (``ROUTERS``, by name):
+
+* ``default``: Ray Serve's default, power of two choices on queue length (running + waiting);
+* ``least-loaded``: the least token load in the manner of Ray Serve LLM's KV-aware routing: the
+  prompt tokens a replica still has to prefill plus the KV tokens its decodes read every step;
+* ``phase``: the soonest admission (:func:`admission_eta`), ties within ``tie_s`` broken by token
+  load: the requests that follow one fill the window it booked, since that window then opens soonest;
+  a board older than ``stale_s`` makes it fall back to power of two choices.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import ClassVar, Protocol
+
+from ebplus.controller.messages import Mode
+
+
+@dataclass(frozen=True)
+class PhaseBoard:
+    """What one replica publishes for routing, at ``published_s`` (seconds on the routers' clock).
+
+    Attributes:
+        mode: the batching it runs now (``EB`` or ``MB``; an EB+ replica publishes its active mode).
+        prefilling: under EB, a prefill window is open (it admits at its next step).
+        running, waiting: requests holding a slot, and queued ones.
+        n: the running cap (``N``); ``k``: EB's threshold.
+        freed: slots freed since its last prefill window closed (EB also opens a window once ``k`` left).
+        prefill_tokens: prompt tokens queued or not yet computed.
+        kv_tokens: KV tokens its running requests hold (what every decode step reads).
+        step_end_s: when its current step ends (it decides the next one then).
+        decode_step_s: seconds of its last decode step.
+        departure_p: the chance a running request finishes in one decode step (the controller's ``p0``).
+        prefill_s_per_token: seconds one queued prompt token costs (the cost model's ``beta_p``).
+    """
+
+    mode: Mode
+    prefilling: bool
+    running: int
+    waiting: int
+    n: int
+    k: int
+    freed: int
+    prefill_tokens: int
+    kv_tokens: int
+    step_end_s: float
+    decode_step_s: float
+    departure_p: float
+    prefill_s_per_token: float
+    published_s: float
+
+    @property
+    def queue(self) -> int:
+        """Requests it holds (what Ray Serve's default router compares)."""
+        return self.running + self.waiting
+
+    @property
+    def token_load(self) -> int:
+        return self.prefill_tokens + self.kv_tokens
+
+    @cached_property
+    def per_departure_s(self) -> float:
+        """Seconds until the next running request finishes: a decode step over ``running x departure_p``."""
+        per_step = self.running * self.departure_p
+        return math.inf if per_step <= 0 else self.decode_step_s / per_step
+
+    @cached_property
+    def waits(self) -> tuple[float, float, int, float, float]:
+        """What :func:`admission_eta` adds to the current step's end for a request routed here, kept with the
+        board (a router asks every board on every request): the seconds until a slot is free for it (those
+        queued ahead take the first), until ``k`` left since the last window (EB decoding), the requests
+        more that would open the window by its queue, the seconds until ``k`` slots are free for them, and
+        the prompt tokens queued before it."""
+        free, queued, dep = self.n - self.running, self.waiting + 1, self.per_departure_s
+        seat = max(0, queued - free)
+        seat_s = seat * dep if seat else 0.0
+        freed_s = queue_s = 0.0
+        short = 0
+        if self.mode is Mode.EB and not self.prefilling and self.running > 0:
+            by_freed = max(0, self.k - self.freed, 1 - free)
+            freed_s = by_freed * dep if by_freed else 0.0
+            short = max(0, self.k - queued)
+            queue_s = max(0, self.k - free) * dep if self.k > free else 0.0
+        return seat_s, freed_s, short, queue_s, self.prefill_tokens * self.prefill_s_per_token
+
+
+def departures_needed(board: PhaseBoard) -> int:
+    """How many running requests must finish before a request routed to ``board`` now is admitted, if nothing
+    else arrives.
+
+    A slot for it: those queued ahead take the first free ones. Under EB while decoding, also the
+    window: it opens once ``min(waiting, free slots) >= k``, or once a slot is free and ``k`` left
+    since the last window (the phase machine's two triggers), or at once with nothing decoding.
+    """
+    free = board.n - board.running
+    queued = board.waiting + 1  # this request included
+    need = max(0, queued - free)
+    if board.mode is Mode.EB and not board.prefilling and board.running > 0:
+        by_queue = max(0, board.k - free) if queued >= board.k else math.inf
+        by_freed = max(0, board.k - board.freed, 1 - free)
+        need = max(need, int(min(by_queue, by_freed)))
+    return need
+
+
+def admission_eta(board: PhaseBoard, now: float, arrival_rate: float = 0.0) -> float:
+    """Seconds from ``now`` until a request routed to ``board`` now starts its prefill.
+
+    The current step's end; then its seat (departures, :func:`departures_needed`) and, under EB while
+    decoding, its window: the sooner of ``k`` departures since the last one and a queue of ``k``, which
+    the requests that follow fill at ``arrival_rate`` (requests/s the router places: a router that
+    keeps sending here books the window full); then the prompt tokens queued before it.
+    """
+    seat_s, freed_s, short, queue_s, prefill_s = board.waits
+    window = 0.0
+    if freed_s or short or queue_s:
+        fill_s = 0.0 if not short else (short / arrival_rate if arrival_rate > 0 else math.inf)
+        window = min(freed_s, max(fill_s, queue_s))
+    return max(0.0, board.step_end_s - now) + max(seat_s, window) + prefill_s
+
+
+class Router(Protocol):
+    """Picks the index of the replica a request goes to, from the boards it holds (never an empty list)."""
+
+    name: ClassVar[str]
+
+    def choose(self, boards: Sequence[PhaseBoard], now: float) -> int: ...
+
+
+class PowerOfTwo:
+    """Ray Serve's default: of two replicas drawn at random, the one holding fewer requests."""
+
+    name: ClassVar[str] = "default"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+
+    def choose(self, boards: Sequence[PhaseBoard], now: float) -> int:
+        if len(boards) == 1:
+            return 0
+        i, j = self.rng.sample(range(len(boards)), 2)
+        return i if boards[i].queue <= boards[j].queue else j
+
+
+class LeastLoaded:
+    """The replica with the least token load: prompt tokens to prefill plus KV tokens its decodes read."""
+
+    name: ClassVar[str] = "least-loaded"
+
+    def __init__(self, seed: int = 0) -> None:
+        del seed  # deterministic: ties go to the lowest index
+
+    def choose(self, boards: Sequence[PhaseBoard], now: float) -> int:
+        return min(range(len(boards)), key=lambda i: boards[i].token_load)
+
+
+class PhaseAware:
+    """The replica that admits the request soonest (:func:`admission_eta`), ties broken by token load.
+
+    Booking a window by its queue is a promise about the requests that follow: the first ones wait
+    until ``k`` are there. So the router fills one window at a time: once it sends a request to a
+    replica whose window needs more requests, it keeps sending there until the window opens, and it
+    sends a request elsewhere only if that admits it sooner by more than the wait it adds to those
+    already booked (one gap between requests each). Without that, a window booked by a few requests
+    was left for open windows elsewhere, and they waited for ``k`` departures instead.
+
+    ``tie_s``: admissions this close count as equal (a board is an estimate). ``stale_s``: a board
+    older than this, at any replica, means the boards cannot be trusted (their channel is down or
+    slow): power of two choices until they are fresh again.
+    """
+
+    name: ClassVar[str] = "phase"
+    #: weight of the newest gap in the arrival rate's average (about the last 20 requests)
+    RATE_EMA = 0.05
+
+    def __init__(self, seed: int = 0, tie_s: float = 0.005, stale_s: float = 2.0) -> None:
+        self.tie_s = tie_s
+        self.stale_s = stale_s
+        self.fallback = PowerOfTwo(seed)
+        self.fallbacks = 0  # decisions made by the fallback
+        self.filling: int | None = None  # the replica whose window it is filling by its queue
+        self._last: float | None = None
+        self._gap: float | None = None  # mean seconds between the requests it placed
+
+    @property
+    def arrival_rate(self) -> float:
+        """Requests/s this router has been placing (0 until it has seen two)."""
+        return 1.0 / self._gap if self._gap else 0.0
+
+    def choose(self, boards: Sequence[PhaseBoard], now: float) -> int:
+        if self._last is not None and now >= self._last:
+            gap = now - self._last
+            self._gap = gap if self._gap is None else self._gap + self.RATE_EMA * (gap - self._gap)
+        self._last = now
+        if self.stale_s < math.inf and any(now - b.published_s > self.stale_s for b in boards):
+            self.fallbacks += 1
+            self.filling = None
+            return self.fallback.choose(boards, now)
+        rate = self.arrival_rate
+        filling = self.filling if self.filling is not None and self.filling < len(boards) else None
+        if filling is not None:  # this one goes where the others wait; the last of k opens the window
+            best = filling
+        else:
+            best = self._soonest(boards, [admission_eta(b, now, rate) for b in boards])
+        self.filling = best if boards[best].waits[2] else None
+        return best
+
+    def _soonest(self, boards: Sequence[PhaseBoard], etas: list[float]) -> int:
+        soonest = min(etas)
+        near = [i for i, eta in enumerate(etas) if eta <= soonest + self.tie_s]
+        return min(near, key=lambda i: boards[i].token_load)
+
+
+ROUTERS: dict[str, type[PowerOfTwo] | type[LeastLoaded] | type[PhaseAware]] = {
+    r.name: r for r in (PowerOfTwo, LeastLoaded, PhaseAware)
+}
+
+
+def make_router(name: str, seed: int = 0, stale_s: float = 2.0) -> PowerOfTwo | LeastLoaded | PhaseAware:
+    """The router called ``name`` (a key of :data:`ROUTERS`); ``ValueError`` naming the choices otherwise.
+    ``stale_s``: the phase router's board age limit (``math.inf`` where boards are exact, as in simulation)."""
+    if name not in ROUTERS:
+        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
+    return PhaseAware(seed, stale_s=stale_s) if name == PhaseAware.name else ROUTERS[name](seed)

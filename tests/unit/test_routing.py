@@ -1,0 +1,151 @@
+"""The routing policies (``deploy/routing.py``): when a replica admits a request, and whom each router picks."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from ebplus.controller.messages import Mode
+from ebplus.deploy.routing import (
+    ROUTERS,
+    LeastLoaded,
+    PhaseAware,
+    PhaseBoard,
+    PowerOfTwo,
+    admission_eta,
+    departures_needed,
+    make_router,
+)
+
+
+def board(**changes: object) -> PhaseBoard:
+    """An EB replica decoding 40 of 64 slots, k 16, nothing queued, its step ending at t = 1.0."""
+    base = PhaseBoard(
+        mode=Mode.EB,
+        prefilling=False,
+        running=40,
+        waiting=0,
+        n=64,
+        k=16,
+        freed=0,
+        prefill_tokens=0,
+        kv_tokens=40_000,
+        step_end_s=1.0,
+        decode_step_s=0.02,
+        departure_p=0.01,
+        prefill_s_per_token=1e-5,
+        published_s=1.0,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_mb_admits_at_its_next_step_while_a_slot_is_free() -> None:
+    b = board(mode=Mode.MB)
+    assert departures_needed(b) == 0
+    assert admission_eta(b, now=0.5) == pytest.approx(0.5)  # the current step's end
+    assert admission_eta(b, now=2.0) == 0.0  # idle since: at once
+
+
+def test_mb_full_waits_for_the_departures_that_free_its_seat() -> None:
+    b = board(mode=Mode.MB, running=64, waiting=3)  # three ahead of it, no slot free
+    assert departures_needed(b) == 4
+    per_departure = 0.02 / (64 * 0.01)
+    assert admission_eta(b, now=1.0) == pytest.approx(4 * per_departure)
+
+
+def test_eb_decoding_waits_for_its_window() -> None:
+    # 24 slots free, 1 queued with this one: the window opens once k = 16 left since the last one
+    assert departures_needed(board()) == 16
+    # 15 queued ahead: this request is the 16th, and 24 >= 16 slots are free: the window opens now
+    assert departures_needed(board(waiting=15)) == 0
+    # k left already: any admissible request opens it
+    assert departures_needed(board(freed=16)) == 0
+    # few slots free: the queue opens it once k slots are
+    assert departures_needed(board(running=60, waiting=20)) == 17  # a seat for 21 requests: 21 - 4 free
+
+
+def test_an_open_window_or_an_idle_replica_admits_now() -> None:
+    assert departures_needed(board(prefilling=True)) == 0
+    assert departures_needed(board(running=0, kv_tokens=0)) == 0
+
+
+def test_queued_prompt_tokens_delay_the_admission() -> None:
+    b = board(mode=Mode.MB, prefill_tokens=30_000)
+    assert admission_eta(b, now=1.0) == pytest.approx(0.3)
+
+
+def test_a_replica_with_nothing_decoding_that_needs_departures_never_admits() -> None:
+    b = board(mode=Mode.MB, running=64, waiting=1, departure_p=0.0)
+    assert admission_eta(b, now=1.0) == math.inf
+
+
+def test_power_of_two_compares_two_queues() -> None:
+    boards = [board(running=10), board(running=50), board(running=30)]
+    router = PowerOfTwo(seed=1)
+    picks = [router.choose(boards, 1.0) for _ in range(300)]
+    assert set(picks) <= {0, 2} and picks.count(0) > picks.count(2)  # 1 never wins a pair; 0 wins both of its
+    assert PowerOfTwo().choose([board()], 1.0) == 0
+
+
+def test_least_loaded_counts_prefill_and_decode_tokens() -> None:
+    boards = [board(kv_tokens=50_000), board(kv_tokens=10_000, prefill_tokens=45_000), board(kv_tokens=30_000)]
+    assert LeastLoaded().choose(boards, 1.0) == 2
+
+
+def test_the_phase_router_books_the_window_that_opens_soonest() -> None:
+    decoding = board()  # 16 departures away
+    about_to_open = board(waiting=15)  # this request opens its window
+    busier_mb = board(mode=Mode.MB, running=63, kv_tokens=90_000)  # a seat now, but loaded
+    router = PhaseAware()
+    assert router.choose([decoding, about_to_open], 1.0) == 1
+    assert router.choose([decoding, busier_mb], 1.0) == 1
+    # equal admissions: the lighter replica
+    assert router.choose([busier_mb, board(mode=Mode.MB, kv_tokens=1_000)], 1.0) == 1
+
+
+def test_the_phase_router_falls_back_on_a_stale_board() -> None:
+    router = PhaseAware(seed=0, stale_s=2.0)
+    fresh = [board(published_s=9.0), board(waiting=15, published_s=9.0)]
+    assert router.choose(fresh, 10.0) == 1 and router.fallbacks == 0
+    stale = [board(published_s=1.0), board(waiting=15, published_s=9.0)]
+    router.choose(stale, 10.0)
+    assert router.fallbacks == 1
+    exact = PhaseAware(stale_s=math.inf)  # the simulator's boards
+    exact.choose(stale, 10.0)
+    assert exact.fallbacks == 0
+
+
+def test_routers_by_name() -> None:
+    assert set(ROUTERS) == {"default", "least-loaded", "phase"}
+    assert isinstance(make_router("phase", 3, stale_s=5.0), PhaseAware)
+    assert make_router("phase", stale_s=5.0).stale_s == 5.0
+    with pytest.raises(ValueError, match="unknown router 'p2c'; choose from default, least-loaded, phase"):
+        make_router("p2c")
+
+
+def test_a_window_short_of_k_opens_as_fast_as_the_router_fills_it() -> None:
+    b = board(waiting=5)  # 10 more requests after this one open its window (k 16, 24 slots free)
+    assert admission_eta(b, now=1.0) == pytest.approx(16 * b.per_departure_s)  # alone: k departures
+    assert admission_eta(b, now=1.0, arrival_rate=100.0) == pytest.approx(0.1)  # filled at 100 requests/s
+    full = board(running=60, waiting=20)  # queued past k: 12 departures free its k slots, 17 its seat
+    assert admission_eta(full, now=1.0, arrival_rate=100.0) == pytest.approx(17 * full.per_departure_s)
+
+
+def test_the_phase_router_fills_one_window_until_it_opens() -> None:
+    router = PhaseAware(stale_s=math.inf)
+    for t in range(10):  # it learns the rate: 10 requests/s
+        router.choose([board(mode=Mode.MB, published_s=t / 10)], t / 10)
+    assert router.arrival_rate == pytest.approx(10.0)
+    waiting = [0, 12]
+    picks = []
+    for step in range(6):
+        boards = [board(waiting=waiting[0], freed=3), board(waiting=waiting[1])]
+        i = router.choose(boards, 1.0 + step / 10)
+        picks.append(i)
+        waiting[i] += 1
+    # replica 1's window is 4 requests short of k (this one included): the router commits to it, its 4th
+    # opens it, and the router is free again (an open window admits at once: it stays the soonest)
+    assert picks[:4] == [1, 1, 1, 1]
+    assert router.filling is None and waiting[1] >= 16
