@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ebplus-installed
 CONFIG ?= deploy/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit vllm-venv vllm-ci-venv test-vllm test-vllm-ci lint docs serve models bench-sim bench-controller gpu-probe clean
+.PHONY: install test test-unit vllm-venv vllm-ci-venv test-vllm test-vllm-ci lint docs serve models bench-sim bench-fleet bench-controller gpu-probe clean
 
 install: $(STAMP)
 
@@ -88,6 +88,10 @@ models: install
 
 bench-sim: install
 	$(VENV)/bin/ebplus bench sim
+
+# the routers of deploy/routing.py in front of simulated fleets; ARGS: a smaller grid (see --help)
+bench-fleet: install
+	$(PY) -m benchmarks.fleet_bench $(ARGS)
 
 # BASELINE=path/to/python: also measure that interpreter's ebplus (an older checkout), run by run
 bench-controller: install
