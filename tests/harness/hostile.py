@@ -305,8 +305,8 @@ def scenario_abandoned(
         try:
             with httpx.Client(base_url=dep.base_url, timeout=leave_after_s, headers=dep.api_headers) as client:
                 if not stream:
-                    client.post("/v1/completions", json={**body, "stream": False})
-                    return "answered before the client left"
+                    answer = client.post("/v1/completions", json={**body, "stream": False})
+                    return f"answered {answer.status_code} before the client left: {answer.text[:300]}"
                 with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
                     for _ in r.iter_lines():
                         time.sleep(leave_after_s)  # read one line, then go away
