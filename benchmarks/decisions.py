@@ -24,7 +24,6 @@ Open-loop goodput (Poisson and bursty arrivals, latency targets) is ``bench-sim`
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.outputs import SUMMARY_DIR, raw_path
+from benchmarks.outputs import SUMMARY_DIR, save_plot, write_summary
 from benchmarks.pinned import MIXCURVE_PROFILE, SWITCH_PROFILE, sim_profile
 from ebplus.controller.config import ControllerConfig, LoopConfig, PlannerConfig, SloConfig
 from ebplus.simulator.sim import Policy, SimConfig, simulate
@@ -197,9 +196,7 @@ def plot(runs: list[Run], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_title("H200, paper workload, c = 1024: throughput is flat in k, latency is not", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,14 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             if i % 10 == 0 or i == len(cells):
                 print(f"decisions: {i}/{len(cells)}", file=sys.stderr)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.decisions" + (" --quick" if args.quick else "")
-    out.write_text(
-        "# Decisions: loop cost, pinned profiles, latency against k\n\n" + "\n".join(markdown(runs, command)) + "\n"
-    )
+    title = "Decisions: loop cost, pinned profiles, latency against k"
+    write_summary(out, title, markdown(runs, command), [asdict(r) for r in runs], "decisions")
     plot(runs, out.with_name(out.stem + "-latency.png"))
-    raw_path(out).write_text(json.dumps([asdict(r) for r in runs], indent=1))
-    print(f"decisions: wrote {out}", file=sys.stderr)
     return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import sys
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.outputs import SUMMARY_DIR, raw_path
+from benchmarks.outputs import SUMMARY_DIR, save_plot, write_summary
 from ebplus.controller.cost_model import resolve_profile
 from ebplus.deploy.routing import ROUTERS, make_router
 from ebplus.simulator.fleet import simulate_fleet
@@ -163,9 +162,7 @@ def plot(runs: list[Run], path: Path) -> None:
         ax.set_xlabel("load (% of saturated capacity)")
         ax.set_ylabel("TTFT p99 (s)")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,12 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fleet: {i}/{len(cells)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     wall = time.perf_counter() - started
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.fleet_bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    out.write_text("# Fleet routing: generated results\n\n" + "\n".join(markdown(runs, command, wall)) + "\n")
-    plot(runs, out.with_name(out.stem + "-ttft.png"))
-    raw_path(out).write_text(json.dumps([asdict(r) for r in runs], indent=1))
-    print(f"fleet: wrote {out}", file=sys.stderr)
+    lines = markdown(runs, command, wall)
+    write_summary(out, "Fleet routing: generated results", lines, [asdict(r) for r in runs], "fleet")
+    if len({r.cell.load for r in runs}) > 1:  # a plot against load
+        plot(runs, out.with_name(out.stem + "-ttft.png"))
     return 0
 
 

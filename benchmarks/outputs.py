@@ -11,6 +11,8 @@ docs give.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 #: Committed: the tables and plots the benchmark pages show.
@@ -29,3 +31,20 @@ def raw_path(summary: Path) -> Path:
         path = summary.with_suffix(".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def save_plot(fig: object, path: Path) -> None:
+    """Write a matplotlib figure as the benchmark pages show them (tight layout, 120 dpi) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()  # type: ignore[attr-defined]
+    fig.savefig(path, dpi=120)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+
+
+def write_summary(out: Path, title: str, lines: list[str], raw: list[dict], name: str) -> None:
+    """A benchmark's page (``# title`` and its lines) at ``out`` and its raw JSON at :func:`raw_path`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# {title}\n\n" + "\n".join(lines) + "\n")
+    raw_path(out).write_text(json.dumps(raw, indent=1))
+    print(f"{name}: wrote {out}", file=sys.stderr)

@@ -216,10 +216,8 @@ class PhaseAware:
             return self.fallback.choose(boards, now)
         rate = self.arrival_rate
         filling = self.filling if self.filling is not None and self.filling < len(boards) else None
-        if filling is not None:  # this one goes where the others wait; the last of k opens the window
-            best = filling
-        else:
-            best = self._soonest(boards, [admission_eta(b, now, rate) for b in boards])
+        # while filling a window, this one goes where the others wait (the last of k opens it)
+        best = filling if filling is not None else self._soonest(boards, [admission_eta(b, now, rate) for b in boards])
         self.filling = best if boards[best].waits[2] else None
         return best
 
