@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,7 +46,6 @@ class FleetResult:
     windows: int  # EB prefill windows opened, all replicas
     windows_short: int  # of those, closed having admitted fewer than k (seats left empty)
     fallbacks: int = 0  # decisions the phase router left to power of two choices (stale boards)
-    wall_s: float = field(default=0.0)
 
     def as_json(self) -> dict:
         """``SimResult.as_json``'s keys for the fleet, plus ``replicas``, ``router``, ``occupancy_*``,
