@@ -76,8 +76,13 @@ def serving_benchmark(
     max_concurrency: int,
     result_dir: Path,
     name: str,
+    request_rate: float | None = None,
 ) -> dict:
-    """Run vLLM's serving benchmark (``vllm bench serve``'s own code) against ``/v1/completions``; its result."""
+    """Run vLLM's serving benchmark (``vllm bench serve``'s own code) against ``/v1/completions``; its result.
+
+    ``request_rate``: Poisson arrivals at that many requests/s (open loop, ``--request-rate``), still at most
+    ``max_concurrency`` in flight; ``None``: all at once, the concurrency alone bounding them.
+    """
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -92,6 +97,8 @@ def serving_benchmark(
         "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(result_dir),
         "--result-filename", f"{name}.json", "--disable-tqdm",
     ]  # fmt: skip
+    if request_rate is not None:
+        argv += ["--request-rate", str(request_rate)]
     return bench_main(parser.parse_args(argv))
 
 

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from ebplus.controller import lifecycle, persistence
+from ebplus.controller import lifecycle, persistence, views
 from ebplus.controller.client import ControllerUnavailable
 from ebplus.controller.config import HEAD_NODE_RESOURCE, ControllerConfig
 from ebplus.controller.fleet import FleetController
@@ -308,6 +308,12 @@ class ControllerActor:
         text = snap.model_copy(update={"controller": info}).model_dump_json()
         self._snapshot_json = (self._stamp(), text)
         return text
+
+    async def routing_hints(self) -> bytes:
+        """:class:`~ebplus.controller.messages.RoutingHints` (wire bytes): what the routers' boards take from the
+        controller (the board actor asks about once a second)."""
+        async with self.worker.lock:
+            return encode(views.routing_hints(self.fleet))
 
     async def history(self, limit: int | None = None) -> str:
         async with self.worker.lock:

@@ -15,7 +15,15 @@ from typing import Any, Protocol
 
 from pydantic import TypeAdapter
 
-from ebplus.controller.messages import Registration, TelemetryBatch, ThresholdUpdate, WireError, decode, encode
+from ebplus.controller.messages import (
+    Registration,
+    RoutingHints,
+    TelemetryBatch,
+    ThresholdUpdate,
+    WireError,
+    decode,
+    encode,
+)
 from ebplus.controller.views import ClearResult, Decision, FleetSnapshot, OverrideResult, Ping, RecomputeResult
 
 #: Seconds an operator-facing call may take (the admin API answers 503 after it).
@@ -73,6 +81,13 @@ class ControllerClient:
     async def leave(self, replica_id: str, timeout_s: float) -> bool:
         """A replica going away on purpose: the controller forgets it now; whether it knew it."""
         return bool(await self._call("leave", replica_id, timeout_s=timeout_s))
+
+    async def routing_hints(self) -> RoutingHints:
+        """What the routers' phase boards take from the controller (:class:`RoutingHints`)."""
+        try:
+            return decode(await self._call("routing_hints"), RoutingHints)
+        except WireError as exc:
+            raise ControllerUnavailable(f"unreadable reply: {exc}") from None
 
     # -- operators
 

@@ -384,6 +384,56 @@ class TelemetryBatch(Message, frozen=True, kw_only=True):
     step_rate: Share = 1.0
 
 
+# --------------------------------------------------------------------------- replica -> routers
+
+class PhaseReport(Message, frozen=True, kw_only=True):
+    """An engine's batching as its scheduler sees it between two steps: the engine's half of a router's
+    :class:`~ebplus.deploy.routing.PhaseBoard` (the scheduler's ``ebplus_board``, published by its replica many
+    times a second; :mod:`ebplus.replicas.board`).
+
+    ``mode`` is the policy it runs (``EB`` or ``MB``), ``prefilling`` whether an EB prefill window is open,
+    ``freed`` the slots freed since its last window closed, ``prefill_tokens`` the prompt tokens it has yet to
+    compute (queued and partly prefilled requests), ``kv_tokens`` what its running requests hold,
+    ``decode_step_s`` its last decode-only step's seconds (0: none yet), ``mean_output`` and ``mean_prompt`` the
+    mean output and prompt tokens of the requests it finished (0: none yet; what a router assumes of a request
+    until the controller has an estimate), ``read_at`` when it was read (wall-clock seconds).
+    """
+
+    wire: int = WIRE_VERSION
+    mode: Mode
+    prefilling: bool
+    running: Count
+    waiting: Count
+    n: Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+    k: Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+    freed: Count
+    prefill_tokens: KVTokens
+    kv_tokens: KVTokens
+    decode_step_s: Annotated[float, Meta(ge=0.0, le=MAX_STEP_SECONDS)]
+    mean_output: Annotated[float, Meta(ge=0.0, le=MAX_TOKENS_PER_REQUEST)]
+    mean_prompt: Annotated[float, Meta(ge=0.0, le=MAX_TOKENS_PER_REQUEST)]
+    read_at: float
+
+    def __post_init__(self) -> None:
+        if self.mode not in (Mode.MB, Mode.EB):
+            raise ValueError(f"mode must be the policy run, 'mb' or 'eb', got {self.mode.value!r}")
+
+
+class RoutingHints(Message, frozen=True, kw_only=True):
+    """The controller's half of the routers' boards: what moves only when it re-estimates.
+
+    ``p0``: the chance a running request finishes in one decode step (the workload estimate's hazard at
+    age 0; ``None`` before the first estimate). ``mu_l``: the mean prompt tokens a request has to prefill
+    (``None`` before the first estimate). ``beta_p``: per replica id, the seconds one prompt token costs in a
+    prefill step (its cost model).
+    """
+
+    wire: int = WIRE_VERSION
+    p0: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    mu_l: Annotated[float, Meta(ge=0.0, le=MAX_TOKENS_PER_REQUEST)] | None = None
+    beta_p: dict[str, Annotated[float, Meta(ge=0.0, le=MAX_STEP_SECONDS)]] = {}
+
+
 # --------------------------------------------------------------------------- the codec
 
 

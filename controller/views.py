@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ebplus.controller.cost_model import CostModel
 from ebplus.controller.estimator import Estimate
 from ebplus.controller.evidence import Judgement, ModeWork
-from ebplus.controller.messages import Mode, StepKind, ThresholdUpdate
+from ebplus.controller.messages import Mode, RoutingHints, StepKind, ThresholdUpdate
 from ebplus.controller.overrides import Override
 from ebplus.controller.planner import Plan
 from ebplus.controller.stats import Histogram
@@ -263,6 +263,17 @@ def snapshot(fleet: FleetController) -> FleetSnapshot:
         last_update_seconds=fleet.last_update_seconds,
         update_seconds=fleet.update_seconds,
         replicas={rid: replica_view(fleet, r) for rid, r in fleet.replicas.items()},
+    )
+
+
+def routing_hints(fleet: FleetController) -> RoutingHints:
+    """What the routers' phase boards take from the controller: the departure chance, the mean prompt, and each
+    replica's prompt cost."""
+    estimate = fleet.workload.estimate
+    return RoutingHints(
+        p0=None if estimate is None or not 0.0 < estimate.p0 <= 1.0 else estimate.p0,
+        mu_l=None if estimate is None else estimate.mu_l,
+        beta_p={rid: replica.cost_model.beta_p for rid, replica in fleet.replicas.items()},
     )
 
 

@@ -5,6 +5,7 @@ Routes (all JSON except ``/metrics``):
 * ``GET  /admin/thresholds``          per-replica mode, k, N, theta0/Delta theta/theta*, versions
 * ``GET  /admin/estimates``           fleet p0, eta, mu_L, mu_O and per-replica cost models
 * ``GET  /admin/history?limit=N``     the newest decisions with their inputs
+* ``GET  /admin/routing``             this ingress process's board routers: boards, decisions, fallbacks
 * ``PUT  /admin/overrides``           pin mode/k/N for a replica or ``"*"``, optional TTL
 * ``DELETE /admin/overrides/{id}``    remove a pin
 * ``POST /admin/recompute``           re-estimate now
@@ -37,6 +38,7 @@ from ebplus.controller.client import ControllerClient, ControllerUnavailable
 from ebplus.controller.estimator import Estimate
 from ebplus.controller.overrides import Override
 from ebplus.controller.views import ClearResult, Decision, OverrideResult, RecomputeResult, ReplicaView
+from ebplus.deploy import routing as routing_policies
 from ebplus.deploy.auth import Secret, bearer_token
 
 logger = logging.getLogger("ray.serve.ebplus")
@@ -261,6 +263,24 @@ async def recompute(service: Writer) -> RecomputeResult:
     return await service.call(lambda c: c.recompute())
 
 
+class RoutingResponse(BaseModel):
+    """The board routers of the ingress process that answered (each ingress replica routes on its own)."""
+
+    routers: list[dict[str, Any]] = Field(
+        description=(
+            "Per router (one per model deployment): its policy, decisions, fallbacks to power of two choices, "
+            "decision time percentiles (microseconds, board lookup included) and the boards it holds now; "
+            "empty under Ray's default router."
+        )
+    )
+
+
+@router.get("/admin/routing", response_model=RoutingResponse, tags=["admin"])
+async def routing(service: Reader) -> RoutingResponse:
+    """What the phase-aware (or least-loaded) routers of this ingress process see and decide."""
+    return RoutingResponse(routers=[r.view() for r in list(routing_policies.LIVE)])
+
+
 @router.get("/metrics", tags=["observability"], response_class=Response)
 async def metrics(service: Service) -> Response:
     """Prometheus metrics (``ebplus_*``); ``ebplus_controller_up 0`` while the controller is away."""
@@ -285,5 +305,10 @@ def admin_router() -> APIRouter:
     """The ``/admin`` routes alone, for a server with its own ``/metrics`` and ``/health``
     (the plain-vLLM plugin adds them to vLLM's app; our metrics join vLLM's registry)."""
     admin_only = APIRouter()
-    admin_only.routes.extend(route for route in router.routes if getattr(route, "path", "").startswith("/admin"))
+    # /admin/routing shows Ray Serve's request routers: a vLLM server has none
+    admin_only.routes.extend(
+        route
+        for route in router.routes
+        if getattr(route, "path", "").startswith("/admin") and getattr(route, "path", "") != "/admin/routing"
+    )
     return admin_only

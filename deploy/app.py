@@ -158,6 +158,10 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
 
     start_controller_for(cfg)
     models = cfg.models()
+    if any(m.replicas.routing.uses_board for m in models):
+        from ebplus.replicas.board import ensure_board
+
+        ensure_board()
     sources = dict(model_sources or {})
     llms = {m.model.id: llm_config(m, sources.get(m.model.id) or model_path(m)) for m in models}
     unbuilt = replica_builds(models, sources)

@@ -375,6 +375,12 @@ def run_shutdown(args: argparse.Namespace) -> int:
             version = stop_controller(handle)
             kept = "its last periodic snapshot" if version is None else f"its state at version {version}"
             log(f"controller {ACTOR_NAME!r} stopped; {kept} stays persisted for the next ebplus serve or deploy")
+        from ebplus.replicas.board import BOARD_NAME, get_board
+
+        board = get_board()
+        if board is not None:  # it holds nothing the replicas would not publish again
+            ray.kill(board, no_restart=True)
+            log(f"phase board {BOARD_NAME!r} stopped")
     finally:
         ray.shutdown()
     log("done; Ray and Ray Serve still run (Ray's `serve shutdown` and `ray stop` remove them)")

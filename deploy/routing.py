@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import math
 import random
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
-from ebplus.controller.messages import Mode
+from ebplus.controller.messages import Mode, PhaseReport, RoutingHints
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,33 @@ class PhaseBoard:
     departure_p: float
     prefill_s_per_token: float
     published_s: float
+
+    @classmethod
+    def of(cls, report: PhaseReport, hints: RoutingHints, replica_id: str, leased: int = 0) -> PhaseBoard:
+        """A deployment's board: the engine's ``report`` (read between two steps, so its current step ends when
+        it was read) with the controller's ``hints``, and ``leased`` requests a router sent it that the report
+        does not count yet: queued behind the others, each with the mean prompt to prefill. A router that did not
+        count them would send every request until the next report where the first one went (a herd). Before the
+        controller has an estimate, the departure chance and the prompt are the engine's own means (none before
+        its first finished request)."""
+        p0 = hints.p0 if hints.p0 is not None else (1.0 / report.mean_output if report.mean_output >= 1 else 0.0)
+        prompt = hints.mu_l if hints.mu_l is not None else report.mean_prompt
+        return cls(
+            mode=report.mode,
+            prefilling=report.prefilling,
+            running=report.running,
+            waiting=report.waiting + leased,
+            n=report.n,
+            k=report.k,
+            freed=report.freed,
+            prefill_tokens=report.prefill_tokens + round(leased * prompt),
+            kv_tokens=report.kv_tokens,
+            step_end_s=report.read_at,
+            decode_step_s=report.decode_step_s,
+            departure_p=p0,
+            prefill_s_per_token=hints.beta_p.get(replica_id, 0.0),
+            published_s=report.read_at,
+        )
 
     @property
     def queue(self) -> int:
@@ -226,6 +254,11 @@ class PhaseAware:
         near = [i for i, eta in enumerate(etas) if eta <= soonest + self.tie_s]
         return min(near, key=lambda i: boards[i].token_load)
 
+
+#: The deployment's board routers (``ebplus.deploy.request_router``) living in this process, for
+#: ``GET /admin/routing``. Here and not in their module: Ray Serve ships a router class by value, so that
+#: module's globals are a copy in every process that runs one, and this one is imported by reference.
+LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 ROUTERS: dict[str, type[PowerOfTwo] | type[LeastLoaded] | type[PhaseAware]] = {
     r.name: r for r in (PowerOfTwo, LeastLoaded, PhaseAware)

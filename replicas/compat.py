@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 #: The oldest and newest vLLM release series the scheduler is tested against (any patch
@@ -80,6 +81,11 @@ class SchedulerLayout:
     def waiting(self, sched: Any) -> int:
         """Requests waiting to be admitted, skipped ones included."""
         return sum(len(getattr(sched, name)) for name in self.waiting_queues)
+
+    def waiting_requests(self, sched: Any) -> Iterator[Any]:
+        """Every waiting request, skipped ones included, in the order the scan draws them."""
+        for name in self.waiting_queues:
+            yield from getattr(sched, name)
 
     def skipped_requests(self, sched: Any) -> list[Any]:
         """The waiting requests the scan skipped (or that arrived blocked), still queued."""

@@ -214,6 +214,59 @@ class TelemetrySamplingSection(_Section):
         return Sampling(requests=self.requests, steps=self.steps)
 
 
+#: Ray Serve's request router for the board-reading policies (a path, so this module imports no Ray).
+BOARD_ROUTER = "ebplus.deploy.request_router:BoardRouter"
+
+
+class RoutingSection(_Section):
+    """Which replica a request goes to (:mod:`ebplus.deploy.routing`; docs/benchmarks/fleet.md).
+
+    ``default`` is Ray Serve's own router: power of two choices on queue length. ``phase`` and
+    ``least-loaded`` read every replica's phase board, which each replica publishes every
+    ``board_interval_s`` (:mod:`ebplus.replicas.board`).
+    """
+
+    router: Literal["default", "least-loaded", "phase"] = Field(
+        "default",
+        description=(
+            "default: Ray Serve's power of two choices on queue length; least-loaded: the least prompt tokens to "
+            "prefill plus KV tokens held; phase: the replica that admits the request soonest, knowing when each "
+            "replica's next EB prefill window opens and how many it admits (reduces to load balancing in MB)."
+        ),
+    )
+    board_interval_s: float = Field(
+        0.05, gt=0, le=5, description="How often a replica publishes its phase board (phase and least-loaded)."
+    )
+    stale_s: float = Field(
+        2.0,
+        gt=0,
+        description="A board older than this means the channel is down: the router falls back to power of two choices.",
+    )
+
+    @model_validator(mode="after")
+    def _stale_after_interval(self) -> RoutingSection:
+        if self.stale_s <= 2 * self.board_interval_s:
+            raise ValueError(f"stale_s ({self.stale_s}) must exceed two board intervals ({2 * self.board_interval_s})")
+        return self
+
+    @property
+    def uses_board(self) -> bool:
+        return self.router != "default"
+
+    def serve_config(self) -> dict[str, Any] | None:
+        """Serve's ``request_router_config`` (``None``: Ray's default router)."""
+        if not self.uses_board:
+            return None
+        return {
+            "request_router_class": BOARD_ROUTER,
+            "request_router_kwargs": {
+                "policy": self.router,
+                "stale_s": self.stale_s,
+                "interval_s": self.board_interval_s,
+            },
+        }
+
+
 class ReplicaSection(_Section):
     """The Ray Serve deployment of vLLM replicas."""
 
@@ -285,6 +338,9 @@ class ReplicaSection(_Section):
             "None: no deadline."
         ),
     )
+    routing: RoutingSection = Field(
+        default_factory=RoutingSection, description="Which replica a request goes to (Ray's router, or a board router)."
+    )
     telemetry_interval_s: float = Field(0.5, gt=0, le=60, description="How often a replica pushes telemetry.")
     telemetry_buffer: int = Field(
         16384, ge=64, description="Records buffered per kind; beyond it records are dropped and counted."
@@ -340,6 +396,9 @@ class ReplicaSection(_Section):
             "graceful_shutdown_wait_loop_s": self.graceful_shutdown_wait_loop_s,
             "ray_actor_options": {"num_cpus": self.num_cpus, "resources": dict(self.resources)},
         }
+        router = self.routing.serve_config()
+        if router is not None:
+            options["request_router_config"] = router
         if self.autoscaling is None:
             options["num_replicas"] = self.num_replicas
         else:

@@ -16,6 +16,7 @@ Contract of the scheduler methods (arguments and results are msgpack bytes of
 * ``ebplus_applied() -> ThresholdUpdate`` - the applied thresholds.
 * ``ebplus_drain() -> DrainReport`` - telemetry since the last drain, a sample of
   the running requests, cumulative counters and the engine's facts.
+* ``ebplus_board() -> PhaseReport`` - the engine's batching now, for the routers' phase boards.
 
 The utility is installed by :func:`install_engine_utility`: vLLM calls it as our
 ``vllm.general_plugins`` entry point in every vLLM process (the sanctioned way to
@@ -90,6 +91,10 @@ class EngineControl:
 
     async def drain(self) -> DrainReport:
         return drained(await self._call("ebplus_drain"))
+
+    async def board(self) -> bytes:
+        """The scheduler's :class:`~ebplus.controller.messages.PhaseReport`, as wire bytes (published as they are)."""
+        return await self._call("ebplus_board")
 
 
 def drained(payload: bytes) -> DrainReport:

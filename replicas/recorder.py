@@ -42,6 +42,7 @@ from ebplus.controller.messages import (
     DrainReport,
     EngineFacts,
     EngineStats,
+    FinishReason,
     RunningRequest,
     StepKind,
     StepRecord,
@@ -78,6 +79,12 @@ class TelemetryRecorder:
         self._warmup_left = warmup_steps
         self._pending: deque[_Pending] = deque()
         self._last_update = float("-inf")
+        #: seconds of the last decode-only step, and the output and prompt tokens and count of the requests that
+        #: finished: what the engine's phase board reports of its pace (:class:`~ebplus.controller.messages.PhaseReport`)
+        self.last_decode_s = 0.0
+        self.output_tokens = 0
+        self.prompt_tokens = 0
+        self.finished_requests = 0
 
     # -- taps -------------------------------------------------------------
 
@@ -119,6 +126,8 @@ class TelemetryRecorder:
         self._last_update = now
         if pending.step is None:
             return
+        if pending.step[0] == 0:  # no prompt tokens: a decode-only step
+            self.last_decode_s = now - start
         if self._warmup_left > 0:
             self._warmup_left -= 1
             self.counters["steps_warmup"] += 1
@@ -130,6 +139,20 @@ class TelemetryRecorder:
     def finished(self, record: CompletionRecord) -> None:
         """A request left the engine (natural stop, length cap, abort or error)."""
         self.dropped_completions += self._append(self.completions, record)
+        if record.finish in (FinishReason.STOP, FinishReason.LENGTH):
+            self.output_tokens += record.output_len
+            self.prompt_tokens += record.input_len - record.cached_tokens
+            self.finished_requests += 1
+
+    @property
+    def mean_output(self) -> float:
+        """Mean output tokens of the requests that finished (not aborted) so far; 0 before the first."""
+        return self.output_tokens / self.finished_requests if self.finished_requests else 0.0
+
+    @property
+    def mean_prompt(self) -> float:
+        """Mean prompt tokens the requests that finished (not aborted) had to compute (prefix-cache hits aside)."""
+        return self.prompt_tokens / self.finished_requests if self.finished_requests else 0.0
 
     @staticmethod
     def _append(buf: deque, record: object) -> int:

@@ -56,7 +56,9 @@ from ebplus.controller.messages import (
     EngineFacts,
     FinishReason,
     Mode,
+    PhaseReport,
     RunningRequest,
+    StepKind,
     ThresholdUpdate,
     decode,
     encode,
@@ -290,6 +292,31 @@ class EBPlusScheduler(Scheduler):
     def ebplus_applied(self) -> bytes:
         """The thresholds the next step runs under."""
         return encode(self.machine.thresholds)
+
+    def ebplus_board(self) -> bytes:
+        """The engine's :class:`PhaseReport` now, between two steps: what routers need of its batching."""
+        th, machine = self.machine.thresholds, self.machine
+        running = self.running
+        queued = sum(max(0, r.num_tokens - r.num_computed_tokens) for r in self.layout.waiting_requests(self))
+        rec = self.recorder
+        return encode(
+            PhaseReport(
+                mode=th.active,
+                prefilling=th.active is Mode.EB and machine.phase is StepKind.PREFILL,
+                running=len(running),
+                waiting=self.layout.waiting(self),
+                n=th.n,
+                k=th.effective_k,
+                freed=max(0, machine.freed(len(running))),
+                prefill_tokens=queued
+                + sum(r.num_prompt_tokens - r.num_computed_tokens for r in running if r.is_prefill_chunk),
+                kv_tokens=sum(r.num_computed_tokens for r in running),
+                decode_step_s=rec.last_decode_s,
+                mean_output=rec.mean_output,
+                mean_prompt=rec.mean_prompt,
+                read_at=time.time(),
+            )
+        )
 
     def ebplus_drain(self) -> bytes:
         """Telemetry since the last drain, the running requests, counters and the engine's facts."""

@@ -28,6 +28,7 @@ from ebplus.controller.actor import RayTransport
 from ebplus.controller.client import ControllerClient
 from ebplus.controller.messages import Mode
 from ebplus.controller.views import ThresholdsView
+from ebplus.replicas import board
 from ebplus.replicas.budget import OutputBudget
 from ebplus.replicas.cancellation import guard_add_request, read_when_read
 from ebplus.replicas.config import ReplicaSection
@@ -76,6 +77,7 @@ class EBPlusServer(LLMServer):
         self._control: EngineControl | None = None
         self._controller = ControllerClient(RayTransport())
         self._loop_task: asyncio.Task | None = None
+        self._board_task: asyncio.Task | None = None
         self._budget = OutputBudget(0, 0)  # set at start(), from the engine
         kwargs.setdefault("model_downloader", AdapterLoader)  # adapters from a local directory, too
         await super().__init__(llm_config, **kwargs)
@@ -86,7 +88,12 @@ class EBPlusServer(LLMServer):
         guard_add_request(client)  # a client gone while its request is added leaves no work behind
         self._budget = OutputBudget.for_engine(client.vllm_config, self._section.max_request_output)
         self._control = EngineControl(client)
-        self._loop_task = asyncio.get_running_loop().create_task(self._telemetry_loop())
+        loop = asyncio.get_running_loop()
+        self._loop_task = loop.create_task(self._telemetry_loop())
+        routing = self._section.routing
+        if routing.uses_board:  # a router reads this replica's phase board
+            publish = board.publish_forever(self._pump.replica_id, self._control.board, routing.board_interval_s)
+            self._board_task = loop.create_task(publish)
 
     async def _telemetry_loop(self) -> None:
         assert self._control is not None
@@ -101,11 +108,14 @@ class EBPlusServer(LLMServer):
         silence. A controller that does not answer changes nothing: it forgets the
         replica when it falls silent, as it does one that crashed.
         """
-        task, self._loop_task = self._loop_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._loop_task, self._board_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._loop_task = self._board_task = None
+        if self._section.routing.uses_board:
+            await board.leave(self._pump.replica_id)
         if self._control is not None:
             try:
                 await arun(self._pump.cycle(), self._control, self._controller, PUSH_TIMEOUT_S)

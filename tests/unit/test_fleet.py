@@ -331,3 +331,13 @@ def test_an_override_n_stops_at_a_later_replicas_kv_safe_n_unless_forced(monkeyp
     assert fc.register(registration("kv", max_num_seqs=256)).n == 40
     fc.set_override("*", n=96, force=True)
     assert fc.thresholds("kv").n == 96
+
+
+def test_routers_get_the_departure_chance_and_each_replicas_prompt_cost(fleet: FleetController) -> None:
+    from ebplus.controller.views import routing_hints
+
+    cold = routing_hints(fleet)
+    assert cold.p0 is None and cold.beta_p == {"h200-0": H200.beta_p, "rtx-0": RTX.beta_p}
+    fleet.ingest(batch("h200-0", completions(100), steps(5)))
+    warm = routing_hints(fleet)
+    assert warm.p0 == fleet.workload.estimate.p0 and 1 / 512 < warm.p0 < 1 / 128  # geometric, mean 256

@@ -149,3 +149,23 @@ def test_the_phase_router_fills_one_window_until_it_opens() -> None:
     # opens it, and the router is free again (an open window admits at once: it stays the soonest)
     assert picks[:4] == [1, 1, 1, 1]
     assert router.filling is None and waiting[1] >= 16
+
+
+def test_a_deployments_board_is_the_engines_report_with_the_controllers_hints() -> None:
+    import msgspec
+
+    from ebplus.controller.messages import PhaseReport, RoutingHints
+
+    report = PhaseReport(mode=Mode.EB, prefilling=False, running=6, waiting=2, n=8, k=4, freed=1, prefill_tokens=90,
+                         kv_tokens=700, decode_step_s=0.03, mean_output=50.0, mean_prompt=30.0, read_at=12.5)  # fmt: skip
+    hints = RoutingHints(p0=0.004, mu_l=25.0, beta_p={"a": 3e-5})
+    b = PhaseBoard.of(report, hints, "a", leased=3)
+    # the three requests it was sent since: queued, each with the controller's mean prompt to prefill
+    assert (b.running, b.waiting, b.n, b.k, b.freed, b.prefill_tokens, b.kv_tokens) == (6, 5, 8, 4, 1, 90 + 75, 700)
+    assert (b.departure_p, b.prefill_s_per_token, b.decode_step_s) == (0.004, 3e-5, 0.03)
+    assert b.step_end_s == b.published_s == 12.5  # read between two steps: the next one starts then
+    # before the controller's first estimate: the engine's own mean output; an unknown replica costs nothing to prefill
+    cold = PhaseBoard.of(report, RoutingHints(), "b", leased=1)
+    assert (cold.departure_p, cold.prefill_s_per_token, cold.waiting, cold.prefill_tokens) == (1 / 50, 0.0, 3, 90 + 30)
+    fresh = PhaseBoard.of(msgspec.structs.replace(report, mean_output=0.0), RoutingHints(), "b")
+    assert fresh.departure_p == 0.0 and math.isinf(fresh.per_departure_s)

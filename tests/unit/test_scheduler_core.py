@@ -18,7 +18,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_scheduler import BLOCK, Driver, Step, make_scheduler, write_model
 
-from ebplus.controller.messages import FinishReason, Mode, StepKind, ThresholdUpdate
+from ebplus.controller.messages import FinishReason, Mode, PhaseReport, StepKind, ThresholdUpdate, decode
 from ebplus.replicas.scheduler import EBPlusAsyncScheduler
 
 _versions = itertools.count(1)
@@ -431,6 +431,29 @@ def test_auto_switches_between_mb_and_eb_at_the_next_step(model: Path) -> None:
     assert mb[0].kind is StepKind.DECODE  # the decoders' token before the first mixed step
     assert StepKind.MIXED in kinds(mb)
     assert driver.control.applied().version == update.version + 1
+
+
+def test_the_phase_board_reports_the_window_the_engine_is_in(model: Path) -> None:
+    driver = Driver(make_scheduler(model, mode="eb", k=2, n=4))
+
+    def board() -> PhaseReport:
+        return decode(driver.scheduler.ebplus_board(), PhaseReport)
+
+    first = [driver.add(16, max_tokens=t)[0] for t in (2, 3, 9, 9)]  # the first two finish a step apart
+    driver.add(40, max_tokens=8, count=3)
+    idle = board()
+    assert (idle.mode, idle.running, idle.waiting, idle.prefill_tokens) == (Mode.EB, 0, 7, 4 * 16 + 3 * 40)
+    assert (idle.n, idle.k, idle.kv_tokens, idle.decode_step_s, idle.mean_output) == (4, 2, 0, 0.0, 0.0)
+    assert driver.step().kind is StepKind.PREFILL
+    full = board()
+    assert (full.running, full.waiting, full.prefill_tokens, full.prefilling) == (4, 3, 3 * 40, True)
+    assert full.kv_tokens == 4 * 16
+    assert driver.step().kind is StepKind.DECODE  # the first leaves: one slot free < k
+    decoding = board()
+    assert (decoding.prefilling, decoding.running, decoding.freed) == (False, 3, 1)
+    assert decoding.decode_step_s > 0 and decoding.mean_output == 2
+    assert driver.step().finished == (first[1],)
+    assert board().freed == 2  # k left: the next step opens a window
 
 
 def test_apply_clamps_to_the_engine_and_rejects_what_it_cannot_read(model: Path) -> None:

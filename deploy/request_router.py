@@ -1,0 +1,219 @@
+"""The routers of :mod:`ebplus.deploy.routing` in a deployment: a Ray Serve ``RequestRouter`` over phase boards.
+
+Ray Serve makes one request router per deployment handle in each process that calls the deployment (here,
+each ingress replica) and asks it for a replica per request (``choose_replicas``). :class:`BoardRouter`
+answers with a policy of :mod:`ebplus.deploy.routing` (``phase`` or ``least-loaded``: the same object the
+fleet simulator runs) over the boards it holds: each replica's latest
+:class:`~ebplus.controller.messages.PhaseReport` with the controller's
+:class:`~ebplus.controller.messages.RoutingHints` (:meth:`~ebplus.deploy.routing.PhaseBoard.of`), plus the
+requests this router sent there that the report does not count yet (leases: released by the first report
+read after the request reached the replica, or when the request completes).
+
+NOTE: Ray Serve ships this class to the calling processes by value (cloudpickle), with a copy of this module's
+globals: state shared with the rest of the process (the registry ``/admin/routing`` reads) lives in modules it
+imports, which travel by reference.
+
+A background task long-polls the board actor (:mod:`ebplus.replicas.board`) for newer reports; the decision
+awaits nothing. When a candidate has no board, or one older than ``stale_s`` (the channel is down or slow),
+the router leaves the choice to Ray's own policy, power of two choices on the replicas' queue lengths, and
+counts it. Ray still checks that the chosen replica has room (``max_ongoing_requests``), as for its own router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from ebplus.controller.messages import PhaseReport, RoutingHints, WireError, decode
+from ebplus.deploy import routing
+from ebplus.deploy.routing import PhaseAware, PhaseBoard, make_router
+from ebplus.replicas.board import WATCH_TIMEOUT_S, get_board
+
+logger = logging.getLogger("ray.serve.ebplus")
+
+#: A report read this long after a request was routed counts it (the request has reached the engine).
+LEASE_TRANSIT_S = 0.05
+#: Pulls of the board per publishing interval at most: the replicas' reports arrive spread over an interval
+#: (the long poll answers at the first), so a board is at most a fifth of an interval older than its report.
+PULLS_PER_INTERVAL = 5
+#: Decision times kept for the percentiles ``/admin/routing`` reports.
+TIMINGS = 10_000
+
+
+@dataclass
+class Board:
+    """A replica's board as this router holds it: its last report and the requests routed there since."""
+
+    report: PhaseReport
+    leases: dict[str, float]  # internal request id -> when it was routed
+
+
+class BoardRouter(FIFOMixin, RequestRouter):
+    """A Ray Serve request router running a policy of :mod:`ebplus.deploy.routing` over the replicas' boards.
+
+    ``request_router_kwargs`` (``initialize_state``): ``policy`` (``phase`` or ``least-loaded``), ``stale_s``
+    (older boards mean the channel is down: Ray's power of two choices decides), ``interval_s`` (the replicas'
+    publishing interval).
+    """
+
+    def initialize_state(self, policy: str = "phase", stale_s: float = 2.0, interval_s: float = 0.05) -> None:
+        self.policy_name = policy
+        self.policy = make_router(policy, seed=random.randrange(2**31), stale_s=math.inf)
+        self.stale_s = stale_s
+        self.interval_s = interval_s
+        self.boards: dict[str, Board] = {}
+        self.hints = RoutingHints()
+        self.decisions = 0
+        self.fallbacks = 0
+        self.refused = 0  # reports that did not decode
+        self.timings: deque[float] = deque(maxlen=TIMINGS)
+        self._order: tuple[str, ...] = ()
+        self._watching: asyncio.Task | None = None
+        routing.LIVE.add(self)
+        with contextlib.suppress(RuntimeError):  # Serve makes it on the router's loop: boards before the first request
+            self._ensure_watching()
+
+    def _ensure_watching(self) -> None:
+        if self._watching is None or self._watching.done():
+            self._watching = asyncio.get_running_loop().create_task(self._watch())
+
+    # -- the decision ---------------------------------------------------------
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        self._ensure_watching()
+        started = time.perf_counter()
+        if not candidate_replicas:
+            return []
+        ids = tuple(r.replica_id.unique_id for r in candidate_replicas)
+        if ids != self._order:  # the policy's memory (the window it fills) is by position
+            self._order = ids
+            if isinstance(self.policy, PhaseAware):
+                self.policy.filling = None
+        boards = self._boards(ids, time.time())
+        if boards is None:
+            self.fallbacks += 1
+            chosen = random.sample(candidate_replicas, min(2, len(candidate_replicas)))  # Ray takes the shorter queue
+        else:
+            chosen = [candidate_replicas[self.policy.choose(boards, time.time())]]
+        self.decisions += 1
+        self.timings.append(time.perf_counter() - started)
+        return [chosen]
+
+    def _boards(self, ids: tuple[str, ...], now: float) -> list[PhaseBoard] | None:
+        """The candidates' boards, or ``None`` when one is missing or stale."""
+        boards = []
+        for rid in ids:
+            board = self.boards.get(rid)
+            if board is None or now - board.report.read_at > self.stale_s:
+                return None
+            boards.append(PhaseBoard.of(board.report, self.hints, rid, len(board.leases)))
+        return boards
+
+    # -- leases ---------------------------------------------------------------
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        board = self.boards.get(replica_id.unique_id)
+        if board is not None:
+            board.leases[pending_request.metadata.internal_request_id] = time.time()
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        board = self.boards.get(replica_id.unique_id)
+        if board is not None:
+            board.leases.pop(internal_request_id, None)
+
+    # -- the board channel ----------------------------------------------------
+
+    def take(self, version: int, newer: dict[str, bytes], present: list[str], hints: bytes) -> None:
+        """Apply one answer of the board actor's ``watch``: newer reports, the replicas still on it, the hints."""
+        for rid, payload in newer.items():
+            try:
+                report = decode(payload, PhaseReport)
+            except WireError:
+                self.refused += 1
+                continue
+            board = self.boards.get(rid)
+            if board is None:
+                self.boards[rid] = Board(report, {})
+                continue
+            board.report = report
+            counted = report.read_at - LEASE_TRANSIT_S  # routed before this: the report counts it
+            board.leases = {req: at for req, at in board.leases.items() if at > counted}
+        for rid in set(self.boards) - set(present):
+            del self.boards[rid]
+        try:
+            self.hints = decode(hints, RoutingHints)
+        except WireError:
+            self.refused += 1
+
+    async def _watch(self) -> None:
+        """Pull the board actor's newer reports, at most once an interval, until the router goes away."""
+        version, handle, down = 0, None, False
+        while True:
+            try:
+                if handle is None:
+                    handle = await asyncio.to_thread(get_board)
+                    if handle is None:
+                        raise LookupError("the board actor is not running")
+                answer = await asyncio.wait_for(handle.watch.remote(version, WATCH_TIMEOUT_S), WATCH_TIMEOUT_S + 5)
+                if answer[0] < version:  # a restarted actor counts from 0 again: take all it has
+                    version = 0
+                    continue
+                self.take(*answer)
+                version = answer[0]
+                if down:
+                    logger.info("router of %s: the phase board answers again", self._deployment_id)
+                down = False
+                await asyncio.sleep(self.interval_s / PULLS_PER_INTERVAL)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # boards go stale, and routing falls back, until it answers again
+                handle = None
+                if not down:
+                    logger.warning("router of %s: no phase board (%s); power of two choices", self._deployment_id, exc)
+                down = True
+                await asyncio.sleep(1.0)
+
+    # -- what /admin/routing shows ---------------------------------------------
+
+    def view(self) -> dict[str, Any]:
+        """This router's counters, decision-time percentiles and the boards as it reads them now."""
+        now = time.time()
+        times = sorted(self.timings)
+
+        def pct(q: float) -> float | None:
+            return None if not times else times[min(len(times) - 1, int(q * len(times)))] * 1e6
+
+        boards = {}
+        for rid, board in self.boards.items():
+            b = PhaseBoard.of(board.report, self.hints, rid, len(board.leases))
+            boards[rid] = {
+                "mode": b.mode.value,
+                "prefilling": b.prefilling,
+                "running": b.running,
+                "waiting": b.waiting,
+                "leased": len(board.leases),
+                "n": b.n,
+                "k": b.k,
+                "freed": b.freed,
+                "age_s": round(now - b.published_s, 4),
+            }
+        return {
+            "deployment": str(self._deployment_id),
+            "policy": self.policy_name,
+            "decisions": self.decisions,
+            "fallbacks": self.fallbacks,
+            "refused_reports": self.refused,
+            "decision_us": {"p50": pct(0.5), "p99": pct(0.99), "n": len(times)},
+            "boards": boards,
+        }
