@@ -54,6 +54,8 @@ def check_range(
 
     NaN and infinities are always rejected: no closed form here accepts them.
     """
+    if type(value) is float and lo < value < hi:  # strictly inside: accepted whatever the ends (a re-plan checks ~50)
+        return value
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -306,8 +308,16 @@ def beta_eb_weighted(beta_p: float, beta_d: float, mu_l: float, mu_o: float) -> 
     return (beta_p * mu_l + beta_d * mu_o) / (mu_l + mu_o)
 
 
+def _finite3(a: float, b: float, c: float) -> bool:
+    return -_INF < a < _INF and -_INF < b < _INF and -_INF < c < _INF
+
+
 def beta_mb(r: float, coeffs: Sequence[float]) -> float:
     """Mixed-step per-token cost ``a + b*r + c*r^2`` at decode share ``r``."""
+    if type(r) is float and 0.0 <= r <= 1.0 and len(coeffs) == 3:  # the common case, answered as below
+        a, b, c = coeffs
+        if type(a) is float and type(b) is float and type(c) is float and _finite3(a, b, c):
+            return a + b * r + c * r * r
     r = check_range("r", r, 0.0, 1.0)
     if len(coeffs) != 3:
         raise ValueError(f"beta_mb must have 3 coefficients a,b,c, got {len(coeffs)}")
@@ -378,26 +388,45 @@ def tp_eb_many(
     a plan, and checking the same eight arguments for each was most of a replica's re-plan. The same
     arithmetic, in the same order, as one :func:`tp_eb` call per threshold: the same floats."""
     n = int_at_least("n", n, 2)
-    checked = []
-    for k in ks:
-        k = int_at_least("k", k, 1)
-        if k >= n:
-            raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
-        checked.append(k)
+    if ks and set(map(type, ks)) == {int} and min(ks) >= 1 and max(ks) < min(n, _EXACT_INT + 1):
+        checked = list(ks)  # what the loop below makes of them, at the cost of three passes in C
+    else:
+        checked = []
+        for k in ks:
+            k = int_at_least("k", k, 1)
+            if k >= n:
+                raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
+            checked.append(k)
     alpha_p = _positive("alpha_p", alpha_p)
     alpha_d = _positive("alpha_d", alpha_d)
     beta_p = _non_negative("beta_p", beta_p)
     beta_d = _non_negative("beta_d", beta_d)
     mu_l = _positive("mu_l", mu_l)
     mu_o = _positive("mu_o", mu_o)
+    # Per threshold: mu_d = mu_o unchunked (budget None), else mu_o - 1 (at least 1e-9); steps = 1 when the k
+    # prompts fit the budget, else ceil(k mu_L / budget); then
+    #   fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * log1p(-k/n)
+    #   tp    = 1 / (fixed / k + beta_p * mu_l + beta_d * mu_d)
+    # The products of shared operands are hoisted: each is the first operation of its (left-to-right)
+    # expression, so every float is the one tp_eb's own evaluation gives. 1 * alpha_p is alpha_p exactly.
+    log1p, ceil = math.log1p, math.ceil
+    one_step = alpha_p + cycle_s
+    per_token = beta_p * mu_l
+    mu_d_chunked = max(mu_o - 1.0, 1e-9)
+    ad_whole, bd_whole = alpha_d * mu_o, beta_d * mu_o
+    ad_chunked, bd_chunked = alpha_d * mu_d_chunked, beta_d * mu_d_chunked
     out = []
     for k, budget in zip(checked, budgets, strict=True):
-        mu_d = mu_o if budget is None else max(mu_o - 1.0, 1e-9)
+        if budget is None:
+            fixed = one_step - ad_whole * log1p(-k / n)
+            out.append(1.0 / (fixed / k + per_token + bd_whole))
+            continue
         tokens = k * mu_l
-        steps = 1 if budget is None or tokens <= budget else math.ceil(tokens / budget)  # _prefill_steps, inline
-        fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * math.log1p(-k / n)
-        per_request = fixed / k + beta_p * mu_l + beta_d * mu_d
-        out.append(1.0 / per_request)
+        if tokens <= budget:
+            fixed = one_step - ad_chunked * log1p(-k / n)
+        else:
+            fixed = ceil(tokens / budget) * alpha_p + cycle_s - ad_chunked * log1p(-k / n)
+        out.append(1.0 / (fixed / k + per_token + bd_chunked))
     return out
 
 
@@ -446,7 +475,9 @@ def mb_steps(
     for _ in range(8):  # the prefill's share of the budget depends on the decodes, which depend on s_p
         x = n / (s_p + decode_steps)
         room = (budget or math.inf) - x * decode_steps
-        s_p = max(1.0, mu_l / room) if room > 1.0 else max(1.0, mu_l)
+        previous, s_p = s_p, max(1.0, mu_l / room) if room > 1.0 else max(1.0, mu_l)
+        if s_p == previous:  # a fixed point: every later pass computes the same s_p
+            break
     x = n / (s_p + decode_steps)
     decodes, prompts = x * decode_steps, x * mu_l
     share = -math.expm1(-x * s_p)
