@@ -157,14 +157,15 @@ class ThresholdPlanner:
         n_prev = st.n_cap
         cycle_s = self._cycle_cost(measured.get(Mode.EB), cost)
         th = self._thresholds(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled, cycle_s=cycle_s)
-        k_choice = self._choose_k(estimate, cost, th, cycle_s)
+        prices = latency.Prices()  # this plan's: EB and MB are priced at the same points by several steps
+        k_choice = self._choose_k(estimate, cost, th, cycle_s, prices)
         if k_choice is not None:
             bound = k_choice.bound
             th = dataclasses.replace(
                 th, k=k_choice.k, k_throughput=th.k, prefill_steps=bound.steps, prefill_tokens=bound.tokens
             )
         active, switched, xo, reason, judgement = self._choose_mode(
-            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice, load, seen
+            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice, load, seen, prices
         )
         st.theta, st.n_cap, st.plans, st.context = th.theta, th.n_cap, st.plans + 1, context
         sizing = self._explain(estimate, th, kv_tokens, n_prev, settled)
@@ -249,7 +250,9 @@ class ThresholdPlanner:
             return 0.0
         return max(eb.excess_per_phase, -0.5 * cost.alpha_p)
 
-    def _choose_k(self, estimate: Estimate, cost: CostModel, th: Sizing, cycle_s: float) -> latency.KChoice | None:
+    def _choose_k(
+        self, estimate: Estimate, cost: CostModel, th: Sizing, cycle_s: float, prices: latency.Prices | None = None
+    ) -> latency.KChoice | None:
         """The latency rule (``config.slo``); ``None`` keeps k = theta x N (tolerance 0, no targets).
 
         The tolerance spends throughput the closed forms call flat in k. Where departures are
@@ -266,8 +269,9 @@ class ThresholdPlanner:
             return None
         queue = max(0.0, th.n_obs - th.n_cap)
         return latency.choose_k(
-            th.k, th.n_eb, cost, estimate.mu_l, estimate.mu_o, self.config.max_num_batched_tokens, slo, cycle_s, queue
-        )
+            th.k, th.n_eb, cost, estimate.mu_l, estimate.mu_o, self.config.max_num_batched_tokens, slo, cycle_s, queue,
+            prices,
+        )  # fmt: skip
 
     def cold_cap(self, kv_capacity_tokens: float, mu_l: float, mu_o: float) -> int | None:
         """Before the first estimate: cap N at the N* of a cold guess of the workload, once.
@@ -330,6 +334,7 @@ class ThresholdPlanner:
         k_choice: latency.KChoice | None = None,
         load: float | None = None,
         seen: dict[Mode, LatencyMeasurement | None] | None = None,
+        prices: latency.Prices | None = None,
     ) -> tuple[Mode, bool, theory.Crossover | None, str, Judgement | None]:
         """The EB/MB choice: the model's two predictions, each corrected by what its mode measured.
 
@@ -350,8 +355,9 @@ class ThresholdPlanner:
                     None,
                 )
             return st.active, False, None, f"hold: concurrency {th.n_obs:.1f} < {cfg.min_concurrency:g}", None
-        xo = self._crossover(estimate, cost, th.k, th.n_eb)
-        j = self._judge(xo, measured, estimate, cost, th, cycle_s, k_choice, load, seen or {})
+        prices = prices or latency.Prices()
+        xo = self._crossover(estimate, cost, th.k, th.n_eb, prices)
+        j = self._judge(xo, measured, estimate, cost, th, cycle_s, k_choice, load, seen or {}, prices)
         if st.exploring is not None:
             return self._explore_step(j, xo, evidence, th.n_obs)
         ref = st.n_obs_at_switch
@@ -392,6 +398,7 @@ class ThresholdPlanner:
         k_choice: latency.KChoice | None,
         load: float | None = None,
         seen: dict[Mode, LatencyMeasurement | None] | None = None,
+        prices: latency.Prices | None = None,
     ) -> Judgement:
         """Both modes' predictions corrected by their evidence: EB's per-cycle excess, MB's bias (1.0 unmeasured).
 
@@ -399,7 +406,7 @@ class ThresholdPlanner:
         its own requests saw when it has run at this load (``seen``), else the prediction
         (MB's step times scaled by its bias), which must clear the targets by ``slo.safety``.
         """
-        cfg = self.config
+        cfg, prices = self.config, prices or latency.Prices()
         here = measured.get(self.state.active)
         point = OperatingPoint(here.running if here is not None else th.n_obs, estimate.mu_l, estimate.mu_o)
         budget, queue = cfg.max_num_batched_tokens, max(0.0, th.n_obs - th.n_cap)
@@ -407,20 +414,20 @@ class ThresholdPlanner:
         if th.prefill_tokens:  # capped prefill steps: more of them a phase
             args = (*args[:6], th.prefill_tokens, cycle_s)
         tokens = estimate.mu_l + estimate.mu_o
-        t_eb = 1.0 / (theory.tp_eb(th.k, th.n_eb, *args) * tokens)
-        t_eb_model = 1.0 / (theory.tp_eb(th.k, th.n_eb, *args[:7], 0.0) * tokens)  # as planned, nothing measured
+        t_eb = 1.0 / (prices.tp_eb(th.k, th.n_eb, *args) * tokens)
+        t_eb_model = 1.0 / (prices.tp_eb(th.k, th.n_eb, *args[:7], 0.0) * tokens)  # as planned, nothing measured
         # each mode's capacity (tokens/s) with the batch at its cap
         k_cap = min(th.n_cap - 1, max(1, round(th.k * th.n_cap / th.n_eb)))
         capacity = {
-            Mode.EB: theory.tp_eb(k_cap, th.n_cap, *args) * tokens,
-            Mode.MB: theory.mb_steps(th.n_cap, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d,
-                                  estimate.mu_l, estimate.mu_o, budget).tp * tokens,
+            Mode.EB: prices.tp_eb(k_cap, th.n_cap, *args) * tokens,
+            Mode.MB: prices.mb_steps(th.n_cap, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d,
+                                     estimate.mu_l, estimate.mu_o, budget).tp * tokens,
         }  # fmt: skip
         eb_lat = mb_lat = None
         if cfg.slo.targets:
             eb_lat = k_choice.latency if k_choice is not None else None
             mb_bias = measured[Mode.MB].bias if Mode.MB in measured else 1.0
-            mb_lat = latency.mb_latency(th.n_eb, cost, estimate.mu_l, estimate.mu_o, budget, queue)
+            mb_lat = latency.mb_latency(th.n_eb, cost, estimate.mu_l, estimate.mu_o, budget, queue, prices)
             mb_lat = latency.Latency(mb_lat.ttft_p99 * mb_bias, mb_lat.itl_p99 * mb_bias, mb_lat.stall * mb_bias)
         checks = {}
         for mode, predicted, corrected, lat in ((Mode.EB, t_eb_model, t_eb, eb_lat), (Mode.MB, xo.t_mb, None, mb_lat)):
@@ -505,20 +512,15 @@ class ThresholdPlanner:
             j,
         )
 
-    def _crossover(self, estimate: Estimate, cost: CostModel, k: int, n_eb: int) -> theory.Crossover:
-        return theory.crossover(
-            k,
-            n_eb,
-            cost.alpha_p,
-            cost.alpha_d,
-            cost.beta_p,
-            cost.beta_d,
-            cost.beta_mb,
-            estimate.mu_l,
-            estimate.mu_o,
-            alpha_mb=cost.alpha_mixed,
-            budget=self.config.max_num_batched_tokens,
-        )
+    def _crossover(
+        self, estimate: Estimate, cost: CostModel, k: int, n_eb: int, prices: latency.Prices | None = None
+    ) -> theory.Crossover:
+        """:func:`theory.crossover` of EB(k) and MB at ``n_eb``, priced through ``prices`` (a plan's book)."""
+        prices = prices or latency.Prices()
+        budget, mu_l, mu_o = self.config.max_num_batched_tokens, estimate.mu_l, estimate.mu_o
+        te = prices.tp_eb(k, n_eb, cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o, budget)
+        mb = prices.mb_steps(n_eb, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d, mu_l, mu_o, budget)
+        return theory.crossover_of(te, mb, mu_l, mu_o)
 
     def _band(self, j: Judgement, active: Mode) -> float:
         """Hysteresis margin (s/token): ``delta`` plus ``delta_rel`` of the running mode's per-token time."""

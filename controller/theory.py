@@ -532,6 +532,12 @@ def crossover(
     alpha_mb = alpha_p if alpha_mb is None else alpha_mb
     te = tp_eb(k, n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o, budget)
     mb = mb_steps(n, alpha_mb, beta_mb_coeffs, alpha_d, beta_d, mu_l, mu_o, budget)
+    return crossover_of(te, mb, mu_l, mu_o)
+
+
+def crossover_of(te: float, mb: MixedSteps, mu_l: float, mu_o: float) -> Crossover:
+    """:func:`crossover` from its two prices: EB's throughput ``te`` (:func:`tp_eb`) and MB's steps ``mb``
+    (:func:`mb_steps`), for a caller that has them already."""
     tokens = mu_l + mu_o
     t_eb, t_mb = 1.0 / (te * tokens), 1.0 / (mb.tp * tokens)
     return Crossover(
