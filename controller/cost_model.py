@@ -101,13 +101,15 @@ class CostModel(BaseModel):
         """:meth:`step_seconds` of many steps at once (arrays of equal length; empty steps cost 0)."""
         prefill, decode, kv = (np.asarray(x, dtype=float) for x in (prefill, decode, kv))
         n = prefill + decode
-        r = np.divide(decode, n, out=np.zeros_like(n), where=n > 0)
+        computed = n > 0
+        r = np.divide(decode, n, out=np.zeros_like(n), where=computed)
         a, b, c = self.beta_mb
-        mixed = self.alpha_mixed + (a + b * r + c * r * r) * n + self.beta_kv * kv
-        only_decode = self.alpha_d + self.beta_d * decode + self.beta_kv * kv
+        kv_read = self.beta_kv * kv  # the same term in mixed and decode-only steps: computed once
+        mixed = self.alpha_mixed + (a + b * r + c * r * r) * n + kv_read
+        only_decode = self.alpha_d + self.beta_d * decode + kv_read
         only_prefill = self.alpha_p + self.beta_p * prefill
         out = np.where(decode == 0, only_prefill, np.where(prefill == 0, only_decode, mixed))
-        return np.where(n > 0, out, 0.0)
+        return np.where(computed, out, 0.0)
 
 
 class HardwareProfile(CostModel):

@@ -219,3 +219,24 @@ def test_a_ledger_prices_only_its_new_steps_and_gets_the_whole_pricing_to_the_la
         whole = cost.steps_seconds(held[:, 0], held[:, 1], held[:, 2])
         assert ledger.model_seconds(cost).tolist() == whole.tolist()
     assert ledger.total > 100 and ledger.size == 100
+
+
+@pytest.mark.parametrize("capacity", [1, 7, 64])
+def test_a_ledger_prices_pushes_longer_than_its_ring_and_a_new_model_to_the_last_bit(capacity: int) -> None:
+    """The rows a plan has not priced are the newest, at most a ring of them: pushes that wrap the ring, fill it
+    more than once, or come several between two plans, and a refit's new model, all price as the whole ring."""
+    from ebplus.controller.evidence import _Ledger
+
+    rng = np.random.default_rng(capacity)
+    ledger = _Ledger(capacity)
+    models = [CostModel(alpha_p=1e-3, beta_p=2e-5 * (1 + i), alpha_d=8e-3, beta_d=4e-5, beta_mb=(2e-5, 5e-5, 1e-5),
+                        beta_kv=1e-9 * i) for i in range(2)]  # fmt: skip
+    for plan in range(60):
+        for _ in range(int(rng.integers(0, 3))):  # pushes between two plans
+            n = int(rng.integers(0, 3 * capacity + 2))
+            ledger.add([StepRecord(int(rng.integers(0, 3)) * 300, int(rng.integers(1, 3)) * 20, 9, 0,
+                                   float(rng.random()) + 0.01, int(rng.integers(0, 10**4))) for _ in range(n)])  # fmt: skip
+        cost = models[(plan // 7) % 2]
+        held = ledger.view()
+        assert ledger.model_seconds(cost).tolist() == cost.steps_seconds(held[:, 0], held[:, 1], held[:, 2]).tolist()
+        assert (ledger.rows[: ledger.size] == held).all() and ledger.held().shape == (6, ledger.size)
