@@ -33,13 +33,20 @@ def _alpha_floor(seconds: np.ndarray) -> float:
 
 def _median(x: np.ndarray) -> float:
     """``np.median`` of a non-empty 1-d array, the same float: one partition, without its general-axis
-    machinery, which was half of an IRLS pass (two medians a pass, ~8 passes a regression)."""
+    machinery, which was half of an IRLS pass (two medians a pass, ~8 passes a regression).
+
+    For an even size the two middle order statistics are ``part[m]`` of a partition at ``m`` and the
+    largest of the ``m`` values it leaves below: one selection and a max, where a partition at both
+    ``m - 1`` and ``m`` makes a second selection pass (a third of a refit's time). Only which of two
+    tied zeros (-0.0, 0.0) is picked can differ, and the fit reads its medians through ``abs`` of a
+    difference and ``max(.., floor)``, where the sign of a zero does not show.
+    """
     n = x.size
     m = n // 2
+    part = np.partition(x, m)
     if n % 2:
-        return float(np.partition(x, m)[m])
-    part = np.partition(x, (m - 1, m))
-    return float((part[m - 1] + part[m]) / 2)
+        return float(part[m])
+    return float((part[:m].max() + part[m]) / 2)
 
 
 def robust_linear_fit(
@@ -90,12 +97,18 @@ def robust_linear_fit(
     prior_w = np.zeros(p)
     floor = 1e-12 * max(float(np.abs(y).max()), 1e-300)
     lb_scaled = lb * scale
+    # what every pass that pins nothing solves with (see _weighted_fit): the same for all passes
+    none = np.zeros(p, dtype=bool)
+    system = (xs, y) if prior is None else (xs_aug, y_aug)
+    unpinned = (system[0][:, ~none], system[1] - system[0][:, none] @ lb_scaled[none])
     for _ in range(iterations):
         previous = coef
         if prior is None:
-            coef = _weighted_fit(xs, y, weights, lb_scaled, np.zeros(p, dtype=bool))
+            coef = _weighted_fit(xs, y, weights, lb_scaled, np.zeros(p, dtype=bool), unpinned)
         else:
-            coef = _weighted_fit(xs_aug, y_aug, np.concatenate([weights, prior_w]), lb_scaled, np.zeros(p, dtype=bool))
+            coef = _weighted_fit(
+                xs_aug, y_aug, np.concatenate([weights, prior_w]), lb_scaled, np.zeros(p, dtype=bool), unpinned
+            )
         # converged when no coefficient moved by more than 1e-6 of the largest
         if np.max(np.abs(coef - previous)) <= 1e-6 * max(float(np.max(np.abs(coef))), 1e-300):
             break
@@ -110,14 +123,24 @@ def robust_linear_fit(
     return coef / scale
 
 
-def _weighted_fit(xs: np.ndarray, y: np.ndarray, w: np.ndarray, lb: np.ndarray, pinned: np.ndarray) -> np.ndarray:
-    """Weighted least squares; coefficients that violate ``lb`` are pinned to it (in place)."""
+def _weighted_fit(
+    xs: np.ndarray, y: np.ndarray, w: np.ndarray, lb: np.ndarray, pinned: np.ndarray,
+    unpinned: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Weighted least squares; coefficients that violate ``lb`` are pinned to it (in place).
+
+    ``unpinned``: ``(xs[:, ~pinned], y - xs[:, pinned] @ lb[pinned])`` for nothing pinned, made once by a
+    caller that solves many passes on the same ``xs``, ``y`` and ``lb`` (IRLS): the pass that pins nothing
+    (most of them) uses those arrays rather than build equal ones again.
+    """
     while True:
-        coef = np.where(pinned, lb, 0.0)
         free = ~pinned
-        x = xs[:, free]
+        if unpinned is not None and not pinned.any():
+            x, rhs = unpinned
+        else:
+            x, rhs = xs[:, free], y - xs[:, pinned] @ lb[pinned]
+        coef = np.where(pinned, lb, 0.0)
         wx = x * w[:, None]
-        rhs = y - xs[:, pinned] @ lb[pinned]
         # the normal equations (a few columns, each scaled to unit norm by the caller): an SVD of the
         # p x p system instead of the n x p one, a tenth of a 2048-step refit's time
         coef[free], *_ = np.linalg.lstsq(x.T @ wx, wx.T @ rhs, rcond=None)
