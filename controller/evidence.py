@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ebplus.controller.cost_model import CostModel
+from ebplus.controller.cost_model import CostModel, price_steps
 from ebplus.controller.latency import Latency
 from ebplus.controller.messages import CompletionRecord, Mode, StepRecord
 
@@ -183,20 +183,26 @@ class _Ledger:
 
     def model_seconds(self, cost: CostModel) -> np.ndarray:
         """Each held step's seconds under ``cost`` (:meth:`CostModel.steps_seconds`), in :meth:`view`'s order."""
-        if cost is not self._priced_for:
-            self._priced_for = cost
-            self._fresh = self.size
-        if self._fresh:
-            # the fresh rows end at head, wrapping round the ring's end at most once; a step's price is an
-            # elementwise function of its row, the same float whatever else is priced in the same pass
-            cap, lo = self.columns.shape[1], self.head - self._fresh
-            spans = [(lo, self.head)] if lo >= 0 else [(cap + lo, cap), (0, self.head)]
-            for a, b in spans:
-                if b > a:
-                    cols = self.columns[:, a:b]
-                    self._priced[a:b] = cost.steps_seconds(cols[0], cols[1], cols[2])
-            self._fresh = 0
+        for a, b in self.unpriced(cost):
+            cols = self.columns[:, a:b]
+            self._priced[a:b] = cost.steps_seconds(cols[0], cols[1], cols[2])
+        self.priced(cost)
         return self._priced[: self.size]
+
+    def unpriced(self, cost: CostModel) -> list[tuple[int, int]]:
+        """The ranges of rows whose price under ``cost`` is not held: the newest ``_fresh`` rows (all of them
+        under another model), which end at head and wrap round the ring's end at most once."""
+        fresh = self.size if cost is not self._priced_for else self._fresh
+        if not fresh:
+            return []
+        cap, lo = self.columns.shape[1], self.head - fresh
+        spans = [(lo, self.head)] if lo >= 0 else [(cap + lo, cap), (0, self.head)]
+        return [(a, b) for a, b in spans if b > a]
+
+    def priced(self, cost: CostModel) -> None:
+        """The caller wrote the prices of :meth:`unpriced`'s rows under ``cost`` (a step's price is an
+        elementwise function of its row: the same float whatever else was priced in the same pass)."""
+        self._priced_for, self._fresh = cost, 0
 
 
 @dataclass(frozen=True)
@@ -374,3 +380,27 @@ class Judgement:
 
     def of(self, mode: Mode) -> ModeCheck:
         return self.eb if mode is Mode.EB else self.mb
+
+
+def price_fleet(books: Iterable[tuple[ModeEvidence, CostModel]]) -> None:
+    """Price the steps each replica's ledgers gained since its last plan under its cost model, all replicas'
+    in one vector pass (:func:`~ebplus.controller.cost_model.price_steps` with per-step coefficients).
+
+    Between two fleet updates every replica pushes steps; priced one replica at a time (in
+    :meth:`ModeEvidence.measure`) each pass is a few dozen rows and mostly numpy's per-call cost. The prices
+    are the floats a replica's own pass gives (every operation is elementwise), and the ledgers then hold
+    nothing unpriced under those models, so a plan measuring with the same model prices nothing again.
+    """
+    ledgers = [(ledger, cost) for evidence, cost in books for ledger in evidence._ledgers.values()]
+    spans = [(ledger, a, b, cost) for ledger, cost in ledgers for a, b in ledger.unpriced(cost)]
+    if spans:
+        held = np.concatenate([ledger.columns[:3, a:b] for ledger, a, b, _ in spans], axis=1)
+        counts = [b - a for _, a, b, _ in spans]
+        per_model = np.array([cost.coefficients() for *_, cost in spans]).T  # a row per coefficient
+        prices = price_steps(held[0], held[1], held[2], tuple(np.repeat(per_model, counts, axis=1)))
+        at = 0
+        for (ledger, a, b, _), count in zip(spans, counts, strict=True):
+            ledger._priced[a:b] = prices[at : at + count]
+            at += count
+    for ledger, cost in ledgers:
+        ledger.priced(cost)
