@@ -18,7 +18,6 @@ Definitions used here:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -161,9 +160,9 @@ class ThresholdPlanner:
         k_choice = self._choose_k(estimate, cost, th, cycle_s, prices)
         if k_choice is not None:
             bound = k_choice.bound
-            th = dataclasses.replace(
-                th, k=k_choice.k, k_throughput=th.k, prefill_steps=bound.steps, prefill_tokens=bound.tokens
-            )
+            # (dataclasses.replace's field-by-field copy, without its per-field checks: all are init fields)
+            th = Sizing(**{**vars(th), "k": k_choice.k, "k_throughput": th.k, "prefill_steps": bound.steps,
+                           "prefill_tokens": bound.tokens})  # fmt: skip
         active, switched, xo, reason, judgement = self._choose_mode(
             estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice, load, seen, prices
         )
@@ -234,8 +233,7 @@ class ThresholdPlanner:
         # eqs. (6) and the CLT form use 1/p0 as the mean age of a running request (geometric outputs)
         p_age = estimate.p0 if cfg.n_star_age == "geometric" else min(1.0, 1.0 / max(estimate.mean_age, 1.0))
         n_args = (kv_tokens, cfg.eps, p_age, estimate.mu_l, ts.theta0, cfg.max_num_seqs)
-        n_paper = theory.n_star_paper(*n_args)
-        n_clt = theory.n_star_clt(*n_args)
+        n_paper, n_clt = theory.n_stars(*n_args)
         n_star = n_clt if cfg.n_star_method == "clt" else n_paper
         n_grown = min(n_star, math.ceil(n_prev * cfg.n_growth)) if may_grow else n_prev
         n_cap = max(2, n_star if n_star <= n_prev else n_grown)

@@ -275,8 +275,7 @@ def _clamp_n(n: float, max_num_seqs: int) -> int:
 def n_star_paper(kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: float, max_num_seqs: int) -> int:
     """Memory-safe batch size, the paper's closed form (Proposition 3.3, eq. 6)."""
     c, eps, p0, mu_l, t0, cap = _check_n_star_inputs(kv_capacity, eps, p0, mu_l, theta0, max_num_seqs)
-    numerator = c - math.log(1.0 / eps) / (p0 * p0 * mu_l)
-    return _clamp_n(numerator / _mean_slot_tokens(p0, mu_l, t0), cap)
+    return _n_star_paper(c, eps, p0, mu_l, cap, _mean_slot_tokens(p0, mu_l, t0))
 
 
 def n_star_clt(kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: float, max_num_seqs: int) -> int:
@@ -287,8 +286,25 @@ def n_star_clt(kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: f
     ``sqrt(N)``.
     """
     c, eps, p0, mu_l, t0, cap = _check_n_star_inputs(kv_capacity, eps, p0, mu_l, theta0, max_num_seqs)
-    z = -math.log1p(-t0)
+    return _n_star_clt(c, eps, p0, mu_l, t0, cap, _mean_slot_tokens(p0, mu_l, t0))
+
+
+def n_stars(
+    kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: float, max_num_seqs: int
+) -> tuple[int, int]:
+    """``(n_star_paper(...), n_star_clt(...))`` of the same arguments, checked once (a plan sizes N with both)."""
+    c, eps, p0, mu_l, t0, cap = _check_n_star_inputs(kv_capacity, eps, p0, mu_l, theta0, max_num_seqs)
     d = _mean_slot_tokens(p0, mu_l, t0)
+    return _n_star_paper(c, eps, p0, mu_l, cap, d), _n_star_clt(c, eps, p0, mu_l, t0, cap, d)
+
+
+def _n_star_paper(c: float, eps: float, p0: float, mu_l: float, cap: int, d: float) -> int:
+    numerator = c - math.log(1.0 / eps) / (p0 * p0 * mu_l)
+    return _clamp_n(numerator / d, cap)
+
+
+def _n_star_clt(c: float, eps: float, p0: float, mu_l: float, t0: float, cap: int, d: float) -> int:
+    z = -math.log1p(-t0)
     sigma = math.sqrt(2.0 * z * (1.0 + (p0 * mu_l + z / t0) ** 2)) / p0
     b = sigma * math.sqrt(math.log(1.0 / eps))
     x = (-b + math.sqrt(b * b + 4.0 * d * c)) / (2.0 * d)

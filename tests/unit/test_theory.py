@@ -407,3 +407,27 @@ def test_mixed_batching_stops_iterating_at_a_fixed_point_with_the_same_answer(
 ) -> None:
     got = theory.mb_steps(n, 1.2786e-3, (2.494e-5, 5.193e-5, 1.478e-5), 8.921e-3, 4.586e-5, mu_l, mu_o, budget)
     assert got.prefill_steps == _mb_s_p_reference(n, mu_l, mu_o, budget)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kv=st.floats(1.0, 1e9),
+    eps=st.floats(1e-6, 0.5),
+    p0=st.floats(1e-5, 1.0),
+    mu_l=st.floats(1.0, 1e5),
+    t0=st.floats(1e-4, 0.999),
+    cap=st.integers(1, 4096),
+)
+def test_both_memory_safe_sizes_at_once_are_each_ones_own(
+    kv: float, eps: float, p0: float, mu_l: float, t0: float, cap: int
+) -> None:
+    args = (kv, eps, p0, mu_l, t0, cap)
+    assert theory.n_stars(*args) == (theory.n_star_paper(*args), theory.n_star_clt(*args))
+
+
+def test_both_memory_safe_sizes_at_once_refuse_what_each_refuses() -> None:
+    for bad, match in (((0.0, 0.01, 0.1, 10.0, 0.5, 8), "kv_capacity"), ((1e4, 1.0, 0.1, 10.0, 0.5, 8), "eps"),
+                       ((1e4, 0.01, 0.1, 10.0, 1.0, 8), "theta0"), ((1e4, 0.01, 0.1, 10.0, 0.5, 0), "max_num_seqs")):  # fmt: skip
+        for form in (theory.n_stars, theory.n_star_paper, theory.n_star_clt):
+            with pytest.raises(ValueError, match=match):
+                form(*bad)
