@@ -59,12 +59,11 @@ class OperatingPoint:
     mu_o: float
 
     def near(self, other: OperatingPoint, factor: float) -> bool:
-        """Every coordinate within ``factor`` x of ``other``'s."""
-        return all(
-            a / factor <= b <= a * factor
-            for a, b in ((self.running, other.running), (self.mu_l, other.mu_l), (self.mu_o, other.mu_o))
-            if a > 0 and b > 0
-        )
+        """Every coordinate within ``factor`` x of ``other``'s (coordinates not > 0 on both sides are not compared)."""
+        for a, b in ((self.running, other.running), (self.mu_l, other.mu_l), (self.mu_o, other.mu_o)):
+            if a > 0 and b > 0 and not a / factor <= b <= a * factor:
+                return False
+        return True
 
 
 @dataclass(frozen=True)

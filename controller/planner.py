@@ -155,14 +155,13 @@ class ThresholdPlanner:
         kv_tokens = max(1.0, kv_capacity_tokens * st.kv_scale - shared)
         n_prev = st.n_cap
         cycle_s = self._cycle_cost(measured.get(Mode.EB), cost)
-        th = self._thresholds(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled, cycle_s=cycle_s)
+        sizes = self._sizes(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled, cycle_s=cycle_s)
         prices = latency.Prices()  # this plan's: EB and MB are priced at the same points by several steps
-        k_choice = self._choose_k(estimate, cost, th, cycle_s, prices)
-        if k_choice is not None:
-            bound = k_choice.bound
-            # (dataclasses.replace's field-by-field copy, without its per-field checks: all are init fields)
-            th = Sizing(**{**vars(th), "k": k_choice.k, "k_throughput": th.k, "prefill_steps": bound.steps,
-                           "prefill_tokens": bound.tokens})  # fmt: skip
+        k_choice = self._choose_k(estimate, cost, *sizes[6:], cycle_s, prices)
+        if k_choice is None:
+            th = Sizing(*sizes)
+        else:  # the latency rule's k, theta x N kept beside it: one Sizing either way
+            th = Sizing(*sizes[:9], k_choice.k, sizes[9], k_choice.bound.steps, k_choice.bound.tokens)
         active, switched, xo, reason, judgement = self._choose_mode(
             estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice, load, seen, prices
         )
@@ -209,7 +208,22 @@ class ThresholdPlanner:
         may_grow: bool = True,
         cycle_s: float = 0.0,
     ) -> Sizing:
-        """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's.
+        """:meth:`_sizes` as a :class:`Sizing` (k = theta x N)."""
+        return Sizing(*self._sizes(estimate, cost, kv_tokens, n_obs, n_prev, theta_prev, may_grow, cycle_s))
+
+    def _sizes(
+        self,
+        estimate: Estimate,
+        cost: CostModel,
+        kv_tokens: float,
+        n_obs: float,
+        n_prev: int | None,
+        theta_prev: float | None,
+        may_grow: bool = True,
+        cycle_s: float = 0.0,
+    ) -> tuple[float, float, float, float, int, int, int, float, int, int]:
+        """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's:
+        :class:`Sizing`'s first ten fields, in its order (a plan builds its Sizing once, with the latency rule's k).
 
         N shrinks to N* at once; it grows toward N* by at most ``n_growth`` per plan,
         and only when ``may_grow`` (the estimate has settled, see ``n_settle``). ``cycle_s``,
@@ -240,7 +254,7 @@ class ThresholdPlanner:
         n_obs_f = max(float(n_obs), 1.0)
         n_eb = max(2, min(n_cap, math.ceil(n_obs_f)))
         k = min(theory.k_star(theta, n_eb), n_eb - 1)
-        return Sizing(ts.theta0, ts.delta_theta, ts.theta_star, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k)
+        return ts.theta0, ts.delta_theta, ts.theta_star, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k
 
     def _cycle_cost(self, eb: ModeMeasurement | None, cost: CostModel) -> float:
         """EB's measured seconds per cycle beyond what its steps cost in the model (never below -alpha_p / 2)."""
@@ -249,9 +263,11 @@ class ThresholdPlanner:
         return max(eb.excess_per_phase, -0.5 * cost.alpha_p)
 
     def _choose_k(
-        self, estimate: Estimate, cost: CostModel, th: Sizing, cycle_s: float, prices: latency.Prices | None = None
-    ) -> latency.KChoice | None:
-        """The latency rule (``config.slo``); ``None`` keeps k = theta x N (tolerance 0, no targets).
+        self, estimate: Estimate, cost: CostModel, n_cap: int, n_obs: float, n_eb: int, k: int, cycle_s: float,
+        prices: latency.Prices | None = None,
+    ) -> latency.KChoice | None:  # fmt: skip
+        """The latency rule (``config.slo``) for k = theta x N ``k`` at batch ``n_eb``; ``None`` keeps that k
+        (tolerance 0, no targets).
 
         The tolerance spends throughput the closed forms call flat in k. Where departures are
         the caps themselves (``model: caps``, every request ends at its cap) they are not what
@@ -265,11 +281,10 @@ class ThresholdPlanner:
             slo = slo.model_copy(update={"tolerance": 0.0})
         if slo.tolerance <= 0 and not slo.targets:
             return None
-        queue = max(0.0, th.n_obs - th.n_cap)
+        queue = max(0.0, n_obs - n_cap)
         return latency.choose_k(
-            th.k, th.n_eb, cost, estimate.mu_l, estimate.mu_o, self.config.max_num_batched_tokens, slo, cycle_s, queue,
-            prices,
-        )  # fmt: skip
+            k, n_eb, cost, estimate.mu_l, estimate.mu_o, self.config.max_num_batched_tokens, slo, cycle_s, queue, prices
+        )
 
     def cold_cap(self, kv_capacity_tokens: float, mu_l: float, mu_o: float) -> int | None:
         """Before the first estimate: cap N at the N* of a cold guess of the workload, once.

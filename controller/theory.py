@@ -384,7 +384,25 @@ def tp_eb(
     (and with ``mu_O`` for ``mu_d``) this is the paper's formula. ``cycle_s``: seconds a
     cycle costs beyond its steps (a phase-switch cost the controller measured).
     """
-    return tp_eb_many([k], n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o, [budget], cycle_s)[0]
+    # one threshold of tp_eb_many, its checks in the same order and its arithmetic written out, without the
+    # lists (a plan prices a threshold alone a few times)
+    n = int_at_least("n", n, 2)
+    k = int_at_least("k", k, 1)
+    if k >= n:
+        raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
+    alpha_p = _positive("alpha_p", alpha_p)
+    alpha_d = _positive("alpha_d", alpha_d)
+    beta_p = _non_negative("beta_p", beta_p)
+    beta_d = _non_negative("beta_d", beta_d)
+    mu_l = _positive("mu_l", mu_l)
+    mu_o = _positive("mu_o", mu_o)
+    if budget is None:
+        mu_d, prefill = mu_o, alpha_p + cycle_s
+    else:
+        mu_d, tokens = max(mu_o - 1.0, 1e-9), k * mu_l
+        prefill = alpha_p + cycle_s if tokens <= budget else math.ceil(tokens / budget) * alpha_p + cycle_s
+    fixed = prefill - alpha_d * mu_d * math.log1p(-k / n)
+    return 1.0 / (fixed / k + beta_p * mu_l + beta_d * mu_d)
 
 
 def tp_eb_many(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from factories import batch, registration
@@ -281,3 +283,14 @@ def test_pricing_the_fleet_at_once_gives_each_replica_its_own_models_prices_to_t
                 assert ledger.model_seconds(models[(i + update // 6 + 1) % 3]).tolist() == steps_seconds(
                     models[(i + update // 6 + 1) % 3], held[:, 0], held[:, 1], held[:, 2]).tolist()  # fmt: skip
                 assert ledger.model_seconds(cost).tolist() == got
+
+
+def test_an_operating_point_is_near_another_coordinate_by_coordinate() -> None:
+    """Each coordinate within the factor, those not > 0 on both sides skipped (NaN included)."""
+    values = (0.0, -1.0, 1.0, 1.4, 2.0, 3.0, float("nan"), float("inf"))
+    for a, b, c in itertools.product(values, repeat=3):
+        p, q = OperatingPoint(a, b, c), OperatingPoint(1.5, 1.5, 1.5)
+        for x, y in ((p, q), (q, p)):
+            pairs = ((x.running, y.running), (x.mu_l, y.mu_l), (x.mu_o, y.mu_o))
+            expected = all(u / 1.5 <= v <= u * 1.5 for u, v in pairs if u > 0 and v > 0)
+            assert x.near(y, 1.5) is expected
