@@ -46,7 +46,19 @@ def _median(x: np.ndarray) -> float:
     part = np.partition(x, m)
     if n % 2:
         return float(part[m])
-    return float((part[:m].max() + part[m]) / 2)
+    return float((np.maximum.reduce(part[:m]) + part[m]) / 2)  # (ndarray.max's reduction, without its wrapper)
+
+
+def _settled(coef: np.ndarray, previous: np.ndarray) -> bool:
+    """``max|coef - previous| <= 1e-6 * max(max|coef|, 1e-300)``: no coefficient moved by more than 1e-6 of the
+    largest. On a few coefficients in Python floats (the same differences and maxima); a NaN fails the test,
+    as np.max's NaN fails the comparison."""
+    now, before = coef.tolist(), previous.tolist()
+    moved = [abs(a - b) for a, b in zip(now, before, strict=True)]
+    sizes = [abs(a) for a in now]
+    if any(x != x for x in moved) or any(x != x for x in sizes):
+        return False
+    return max(moved) <= 1e-6 * max(max(sizes), 1e-300)
 
 
 def robust_linear_fit(
@@ -92,6 +104,7 @@ def robust_linear_fit(
         sd = np.maximum(sd, 1e-3 * float(np.abs(y).max(initial=0.0)) / x_max)
         xs_aug = np.vstack([xs, np.diag(1.0 / scale)])
         y_aug = np.concatenate([y, mu])
+        sd_floor = np.maximum(sd, 1e-300)  # what each pass divides sigma by
     weights = np.ones_like(y)
     coef = np.zeros(p)
     prior_w = np.zeros(p)
@@ -109,8 +122,7 @@ def robust_linear_fit(
             coef = _weighted_fit(
                 xs_aug, y_aug, np.concatenate([weights, prior_w]), lb_scaled, np.zeros(p, dtype=bool), unpinned
             )
-        # converged when no coefficient moved by more than 1e-6 of the largest
-        if np.max(np.abs(coef - previous)) <= 1e-6 * max(float(np.max(np.abs(coef))), 1e-300):
+        if _settled(coef, previous):
             break
         resid = y - xs @ coef
         dev = np.abs(resid - _median(resid))
@@ -119,7 +131,7 @@ def robust_linear_fit(
         abs_r = np.abs(resid)
         weights = np.minimum(1.0, cut / np.maximum(abs_r, 1e-300))
         if prior is not None:
-            prior_w = (sigma / np.maximum(sd, 1e-300)) ** 2
+            prior_w = (sigma / sd_floor) ** 2
     return coef / scale
 
 
@@ -134,17 +146,21 @@ def _weighted_fit(
     (most of them) uses those arrays rather than build equal ones again.
     """
     while True:
-        free = ~pinned
-        if unpinned is not None and not pinned.any():
-            x, rhs = unpinned
-        else:
-            x, rhs = xs[:, free], y - xs[:, pinned] @ lb[pinned]
-        coef = np.where(pinned, lb, 0.0)
-        wx = x * w[:, None]
         # the normal equations (a few columns, each scaled to unit norm by the caller): an SVD of the
         # p x p system instead of the n x p one, a tenth of a 2048-step refit's time
-        coef[free], *_ = np.linalg.lstsq(x.T @ wx, wx.T @ rhs, rcond=None)
-        violated = free & (coef < lb)
+        if unpinned is not None and not pinned.any():
+            # every coefficient free: the solution is the coefficients, and a violation any of them below lb
+            x, rhs = unpinned
+            wx = x * w[:, None]
+            coef = np.linalg.lstsq(x.T @ wx, wx.T @ rhs, rcond=None)[0]
+            violated = coef < lb
+        else:
+            free = ~pinned
+            x, rhs = xs[:, free], y - xs[:, pinned] @ lb[pinned]
+            coef = np.where(pinned, lb, 0.0)
+            wx = x * w[:, None]
+            coef[free], *_ = np.linalg.lstsq(x.T @ wx, wx.T @ rhs, rcond=None)
+            violated = free & (coef < lb)
         if not violated.any():
             return coef
         pinned |= violated

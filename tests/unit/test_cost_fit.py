@@ -179,3 +179,18 @@ def test_a_robust_fit_is_the_same_whether_or_not_a_bound_pins_a_coefficient(monk
     plain = [robust_linear_fit(design, y, lower=(lower, 0.0), **fit) for _, lower, y in cases]
     assert [g.tolist() for g in got] == [p.tolist() for p in plain] and all(reused)
     assert [bool(g[0] == lower) for g, (_, lower, _) in zip(got, cases, strict=True)] == [True, False, False]
+
+
+def test_the_convergence_test_answers_as_its_numpy_form() -> None:
+    rng = np.random.default_rng(9)
+    specials = [0.0, -0.0, 1e-300, 1.0, np.inf, -np.inf, np.nan]
+    for _ in range(3000):
+        p = int(rng.integers(1, 5))
+        coef, previous = rng.standard_normal(p) * 10.0 ** rng.integers(-8, 3), rng.standard_normal(p)
+        if rng.random() < 0.5:
+            previous = coef + rng.standard_normal(p) * 10.0 ** rng.integers(-14, -4) * np.abs(coef)
+        if rng.random() < 0.2:
+            (coef if rng.random() < 0.5 else previous)[int(rng.integers(0, p))] = rng.choice(specials)
+        with np.errstate(invalid="ignore"):
+            expected = bool(np.max(np.abs(coef - previous)) <= 1e-6 * max(float(np.max(np.abs(coef))), 1e-300))
+        assert cost_fit._settled(coef, previous) is expected
