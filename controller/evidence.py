@@ -36,7 +36,6 @@ is still used but counts as stale, so a changed load may be explored again.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -48,6 +47,13 @@ from ebplus.controller.messages import CompletionRecord, Mode, StepRecord
 
 #: Columns of a ledger row: prefill tokens, decode tokens, KV read, seconds, running, starts a prefill phase.
 _COLUMNS = 6
+
+
+def _median_of(values: tuple[float, ...]) -> float:
+    """``statistics.median`` of a few values, its arithmetic without its generality (two a measurement)."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 @dataclass(frozen=True)
@@ -324,7 +330,7 @@ class ModeEvidence:
         mean_running = float(total_of(running * seconds) / total) if total > 0 else 0.0
         mu_l, mu_o = (0.0, 0.0)
         if ledger.lengths:
-            mu_l, mu_o = (statistics.median(column) for column in zip(*ledger.lengths, strict=True))
+            mu_l, mu_o = (_median_of(column) for column in zip(*ledger.lengths, strict=True))
         point = OperatingPoint(running=mean_running, mu_l=float(mu_l), mu_o=float(mu_o))
         return ModeMeasurement(
             mode=mode,

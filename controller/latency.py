@@ -266,7 +266,9 @@ def choose_k(
     best = max(tp_list)
     floor = (1.0 - slo.tolerance) * best
     if not slo.targets:  # most plans: the smallest k within the tolerance (ks ascend), judged alone
-        at = min(i for i, tp in enumerate(tp_list) if tp >= floor)  # (min: an empty choice raises as min does)
+        at = next((i for i, tp in enumerate(tp_list) if tp >= floor), None)
+        if at is None:  # (no throughput is a number: what min() of the empty choice raised)
+            raise ValueError("min() arg is an empty sequence")
         k, tp, bound = ks[at], tp_list[at], bounds[at]
         lat = eb_latency(k, n, cost, mu_l, mu_o, budget, cycle_s, bound, queue, tp=tp)
         margin = lat.margin(slo)

@@ -294,3 +294,15 @@ def test_an_operating_point_is_near_another_coordinate_by_coordinate() -> None:
             pairs = ((x.running, y.running), (x.mu_l, y.mu_l), (x.mu_o, y.mu_o))
             expected = all(u / 1.5 <= v <= u * 1.5 for u, v in pairs if u > 0 and v > 0)
             assert x.near(y, 1.5) is expected
+
+
+def test_the_lengths_median_is_statistics_median() -> None:
+    import statistics
+
+    from ebplus.controller.evidence import _median_of
+
+    rng = np.random.default_rng(2)
+    for n in range(1, 10):
+        for _ in range(200):
+            values = tuple(float(x) for x in rng.choice([0.5, 1.0, 512.0, 255.3, rng.random() * 1e3], n))
+            assert _median_of(values) == statistics.median(values)
