@@ -118,7 +118,8 @@ class SloConfig(BaseModel):
 
     @property
     def targets(self) -> bool:
-        return any(t is not None for t in (self.ttft_p99_s, self.itl_p99_s, self.max_stall_s))
+        """Whether any latency target is set (asked a few times a plan)."""
+        return self.ttft_p99_s is not None or self.itl_p99_s is not None or self.max_stall_s is not None
 
 
 class PlannerConfig(BaseModel):

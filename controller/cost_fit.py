@@ -33,13 +33,32 @@ def _alpha_floor(seconds: np.ndarray) -> float:
 
 def _median(x: np.ndarray) -> float:
     """``np.median`` of a non-empty 1-d array, the same float: one partition, without its general-axis
-    machinery, which was half of an IRLS pass (two medians a pass, ~8 passes a regression)."""
+    machinery, which was half of an IRLS pass (two medians a pass, ~8 passes a regression).
+
+    For an even size the two middle order statistics are ``part[m]`` of a partition at ``m`` and the
+    largest of the ``m`` values it leaves below: one selection and a max, where a partition at both
+    ``m - 1`` and ``m`` makes a second selection pass (a third of a refit's time). Only which of two
+    tied zeros (-0.0, 0.0) is picked can differ, and the fit reads its medians through ``abs`` of a
+    difference and ``max(.., floor)``, where the sign of a zero does not show.
+    """
     n = x.size
     m = n // 2
+    part = np.partition(x, m)
     if n % 2:
-        return float(np.partition(x, m)[m])
-    part = np.partition(x, (m - 1, m))
-    return float((part[m - 1] + part[m]) / 2)
+        return float(part[m])
+    return float((np.maximum.reduce(part[:m]) + part[m]) / 2)  # (ndarray.max's reduction, without its wrapper)
+
+
+def _settled(coef: np.ndarray, previous: np.ndarray) -> bool:
+    """``max|coef - previous| <= 1e-6 * max(max|coef|, 1e-300)``: no coefficient moved by more than 1e-6 of the
+    largest. On a few coefficients in Python floats (the same differences and maxima); a NaN fails the test,
+    as np.max's NaN fails the comparison."""
+    now, before = coef.tolist(), previous.tolist()
+    moved = [abs(a - b) for a, b in zip(now, before, strict=True)]
+    sizes = [abs(a) for a in now]
+    if any(x != x for x in moved) or any(x != x for x in sizes):
+        return False
+    return max(moved) <= 1e-6 * max(max(sizes), 1e-300)
 
 
 def robust_linear_fit(
@@ -85,19 +104,25 @@ def robust_linear_fit(
         sd = np.maximum(sd, 1e-3 * float(np.abs(y).max(initial=0.0)) / x_max)
         xs_aug = np.vstack([xs, np.diag(1.0 / scale)])
         y_aug = np.concatenate([y, mu])
+        sd_floor = np.maximum(sd, 1e-300)  # what each pass divides sigma by
     weights = np.ones_like(y)
     coef = np.zeros(p)
     prior_w = np.zeros(p)
     floor = 1e-12 * max(float(np.abs(y).max()), 1e-300)
     lb_scaled = lb * scale
+    # what every pass that pins nothing solves with (see _weighted_fit): the same for all passes
+    none = np.zeros(p, dtype=bool)
+    system = (xs, y) if prior is None else (xs_aug, y_aug)
+    unpinned = (system[0][:, ~none], system[1] - system[0][:, none] @ lb_scaled[none])
     for _ in range(iterations):
         previous = coef
         if prior is None:
-            coef = _weighted_fit(xs, y, weights, lb_scaled, np.zeros(p, dtype=bool))
+            coef = _weighted_fit(xs, y, weights, lb_scaled, np.zeros(p, dtype=bool), unpinned)
         else:
-            coef = _weighted_fit(xs_aug, y_aug, np.concatenate([weights, prior_w]), lb_scaled, np.zeros(p, dtype=bool))
-        # converged when no coefficient moved by more than 1e-6 of the largest
-        if np.max(np.abs(coef - previous)) <= 1e-6 * max(float(np.max(np.abs(coef))), 1e-300):
+            coef = _weighted_fit(
+                xs_aug, y_aug, np.concatenate([weights, prior_w]), lb_scaled, np.zeros(p, dtype=bool), unpinned
+            )
+        if _settled(coef, previous):
             break
         resid = y - xs @ coef
         dev = np.abs(resid - _median(resid))
@@ -106,22 +131,36 @@ def robust_linear_fit(
         abs_r = np.abs(resid)
         weights = np.minimum(1.0, cut / np.maximum(abs_r, 1e-300))
         if prior is not None:
-            prior_w = (sigma / np.maximum(sd, 1e-300)) ** 2
+            prior_w = (sigma / sd_floor) ** 2
     return coef / scale
 
 
-def _weighted_fit(xs: np.ndarray, y: np.ndarray, w: np.ndarray, lb: np.ndarray, pinned: np.ndarray) -> np.ndarray:
-    """Weighted least squares; coefficients that violate ``lb`` are pinned to it (in place)."""
+def _weighted_fit(
+    xs: np.ndarray, y: np.ndarray, w: np.ndarray, lb: np.ndarray, pinned: np.ndarray,
+    unpinned: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Weighted least squares; coefficients that violate ``lb`` are pinned to it (in place).
+
+    ``unpinned``: ``(xs[:, ~pinned], y - xs[:, pinned] @ lb[pinned])`` for nothing pinned, made once by a
+    caller that solves many passes on the same ``xs``, ``y`` and ``lb`` (IRLS): the pass that pins nothing
+    (most of them) uses those arrays rather than build equal ones again.
+    """
     while True:
-        coef = np.where(pinned, lb, 0.0)
-        free = ~pinned
-        x = xs[:, free]
-        wx = x * w[:, None]
-        rhs = y - xs[:, pinned] @ lb[pinned]
         # the normal equations (a few columns, each scaled to unit norm by the caller): an SVD of the
         # p x p system instead of the n x p one, a tenth of a 2048-step refit's time
-        coef[free], *_ = np.linalg.lstsq(x.T @ wx, wx.T @ rhs, rcond=None)
-        violated = free & (coef < lb)
+        if unpinned is not None and not pinned.any():
+            # every coefficient free: the solution is the coefficients, and a violation any of them below lb
+            x, rhs = unpinned
+            wx = x * w[:, None]
+            coef = np.linalg.lstsq(x.T @ wx, wx.T @ rhs, rcond=None)[0]
+            violated = coef < lb
+        else:
+            free = ~pinned
+            x, rhs = xs[:, free], y - xs[:, pinned] @ lb[pinned]
+            coef = np.where(pinned, lb, 0.0)
+            wx = x * w[:, None]
+            coef[free], *_ = np.linalg.lstsq(x.T @ wx, wx.T @ rhs, rcond=None)
+            violated = free & (coef < lb)
         if not violated.any():
             return coef
         pinned |= violated

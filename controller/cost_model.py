@@ -99,15 +99,30 @@ class CostModel(BaseModel):
 
     def steps_seconds(self, prefill: np.ndarray, decode: np.ndarray, kv: np.ndarray) -> np.ndarray:
         """:meth:`step_seconds` of many steps at once (arrays of equal length; empty steps cost 0)."""
-        prefill, decode, kv = (np.asarray(x, dtype=float) for x in (prefill, decode, kv))
-        n = prefill + decode
-        r = np.divide(decode, n, out=np.zeros_like(n), where=n > 0)
-        a, b, c = self.beta_mb
-        mixed = self.alpha_mixed + (a + b * r + c * r * r) * n + self.beta_kv * kv
-        only_decode = self.alpha_d + self.beta_d * decode + self.beta_kv * kv
-        only_prefill = self.alpha_p + self.beta_p * prefill
-        out = np.where(decode == 0, only_prefill, np.where(prefill == 0, only_decode, mixed))
-        return np.where(n > 0, out, 0.0)
+        return price_steps(prefill, decode, kv, self.coefficients())
+
+    def coefficients(self) -> tuple[float, ...]:
+        """The coefficients :func:`price_steps` takes, in its order."""
+        return (self.alpha_p, self.beta_p, self.alpha_d, self.beta_d, self.alpha_mixed, *self.beta_mb, self.beta_kv)
+
+
+def price_steps(
+    prefill: np.ndarray, decode: np.ndarray, kv: np.ndarray, coefficients: Sequence[float | np.ndarray]
+) -> np.ndarray:
+    """:meth:`CostModel.step_seconds` of many steps, each priced with :meth:`CostModel.coefficients`: one model's
+    (floats), or one a step (arrays as long as the steps: many replicas' steps in one vector pass, each step's
+    price the float its own model's pass gives, every operation being elementwise)."""
+    prefill, decode, kv = (np.asarray(x, dtype=float) for x in (prefill, decode, kv))
+    alpha_p, beta_p, alpha_d, beta_d, alpha_mixed, a, b, c, beta_kv = coefficients
+    n = prefill + decode
+    computed = n > 0
+    r = np.divide(decode, n, out=np.zeros_like(n), where=computed)
+    kv_read = beta_kv * kv  # the same term in mixed and decode-only steps: computed once
+    mixed = alpha_mixed + (a + b * r + c * r * r) * n + kv_read
+    only_decode = alpha_d + beta_d * decode + kv_read
+    only_prefill = alpha_p + beta_p * prefill
+    out = np.where(decode == 0, only_prefill, np.where(prefill == 0, only_decode, mixed))
+    return np.where(computed, out, 0.0)
 
 
 class HardwareProfile(CostModel):

@@ -176,6 +176,43 @@ def _recent(
     return lo, out
 
 
+def _window_arrays(
+    finished: list[CompletionRecord], running: list[RunningRequest], counts: list[tuple[int, int]],
+    scales: list[float],
+) -> departures.Sample:  # fmt: skip
+    """The sample of windows given as their finished and running requests (``counts`` of each a window, the
+    running ones standing for ``scales`` requests each): a window's finished requests, then its running ones.
+
+    Built a column at a time and placed window by window with numpy (at fleet scale, thousands of
+    running requests): the entries, their types and their order are those of a row at a time.
+    """
+    stop, length = FinishReason.STOP, FinishReason.LENGTH
+    n_done = np.array([f for f, _ in counts], dtype=np.int64)
+    n_run = np.array([r for _, r in counts], dtype=np.int64)
+    start = np.cumsum(n_done + n_run) - n_done - n_run  # each window's first entry
+    # where each entry goes: a window's finished ones from its start, its running ones after them
+    at_done = np.repeat(start - (np.cumsum(n_done) - n_done), n_done) + np.arange(len(finished))
+    at_run = np.repeat(start + n_done - (np.cumsum(n_run) - n_run), n_run) + np.arange(len(running))
+    age = np.array([r.age for r in running], dtype=np.int64)
+    cap = np.array([r.max_tokens for r in running], dtype=np.int64)
+    at_cap = (cap > 0) & (cap <= age)
+    size = len(finished) + len(running)
+    columns = []
+    for dtype, done_values, run_values in (
+        (np.int64, [r.output_len for r in finished], np.maximum(age, 0)),
+        (bool, [r.finish is stop for r in finished], False),
+        (bool, [r.finish is length for r in finished], at_cap),
+        (np.int64, [r.max_tokens or (r.output_len if r.finish is length else 0) for r in finished], cap),
+        (float, 1.0, np.repeat(np.array(scales, dtype=float), n_run)),
+        (bool, False, ~at_cap),
+    ):
+        column = np.empty(size, dtype=dtype)
+        column[at_done] = done_values
+        column[at_run] = run_values
+        columns.append(column)
+    return departures.Sample.of(*columns)
+
+
 class WorkloadEstimator:
     """Admission-ordered windows of finished and running requests, and the periodic fit.
 
@@ -345,32 +382,22 @@ class WorkloadEstimator:
         young running requests once more are running than it is long).
         """
         live, share = self._live()
-        dur, natural, capped, caps, weights, running = [], [], [], [], [], []
         windows = [(w, *_recent(w.done, newest, share)) for w, newest in live]
         windows += [(w, -1, list(w.done.items())) for w in self._departed]  # trimmed when they left
+        error = FinishReason.ERROR
+        finished: list[CompletionRecord] = []  # every window's, in order
+        running: list[RunningRequest] = []
+        counts: list[tuple[int, int]] = []  # per window: finished, running
+        scales: list[float] = []  # per window: how many requests each running one stands for
         for w, lo, recent in windows:
-            for _, rec in recent:
-                if rec.finish is FinishReason.ERROR:
-                    continue
-                cap = rec.max_tokens or (rec.output_len if rec.finish is FinishReason.LENGTH else 0)
-                dur.append(rec.output_len)
-                natural.append(rec.finish is FinishReason.STOP)
-                capped.append(rec.finish is FinishReason.LENGTH)
-                caps.append(cap)
-                weights.append(1.0)
-                running.append(False)
-            scale = w.running_total / len(w.running) if w.running else 0.0
-            for r in w.running:
-                if r.seq <= lo or r.seq in w.done:
-                    continue
-                at_cap = 0 < r.max_tokens <= r.age
-                dur.append(max(r.age, 0))
-                natural.append(False)
-                capped.append(at_cap)
-                caps.append(r.max_tokens)
-                weights.append(scale)
-                running.append(not at_cap)
-        return departures.Sample.of(dur, natural, capped, caps, weights, running)
+            done = w.done
+            recs = [rec for _, rec in recent if rec.finish is not error]
+            runs = [r for r in w.running if r.seq > lo and r.seq not in done]
+            finished += recs
+            running += runs
+            counts.append((len(recs), len(runs)))
+            scales.append(w.running_total / len(w.running) if w.running else 0.0)
+        return _window_arrays(finished, running, counts, scales)
 
     def _live(self) -> tuple[list[tuple[ReplicaWindow, list[int]]], int]:
         """Replicas with something in their window (with their newest admissions), and each one's share of it."""

@@ -36,18 +36,24 @@ is still used but counts as stale, so a changed load may be explored again.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from ebplus.controller.cost_model import CostModel
+from ebplus.controller.cost_model import CostModel, price_steps
 from ebplus.controller.latency import Latency
 from ebplus.controller.messages import CompletionRecord, Mode, StepRecord
 
 #: Columns of a ledger row: prefill tokens, decode tokens, KV read, seconds, running, starts a prefill phase.
 _COLUMNS = 6
+
+
+def _median_of(values: tuple[float, ...]) -> float:
+    """``statistics.median`` of a few values, its arithmetic without its generality (two a measurement)."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 @dataclass(frozen=True)
@@ -59,12 +65,11 @@ class OperatingPoint:
     mu_o: float
 
     def near(self, other: OperatingPoint, factor: float) -> bool:
-        """Every coordinate within ``factor`` x of ``other``'s."""
-        return all(
-            a / factor <= b <= a * factor
-            for a, b in ((self.running, other.running), (self.mu_l, other.mu_l), (self.mu_o, other.mu_o))
-            if a > 0 and b > 0
-        )
+        """Every coordinate within ``factor`` x of ``other``'s (coordinates not > 0 on both sides are not compared)."""
+        for a, b in ((self.running, other.running), (self.mu_l, other.mu_l), (self.mu_o, other.mu_o)):
+            if a > 0 and b > 0 and not a / factor <= b <= a * factor:
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -111,15 +116,21 @@ class ModeWork:
 class _Ledger:
     """A bounded ring of one mode's steps, as a numpy array so pricing them is one vector pass.
 
+    The ring is stored a column a row (``columns``, shape ``(columns, capacity)``): a plan sums
+    whole columns of it, and a contiguous column sums in a third of the time a strided one
+    takes, to the same float (numpy's pairwise summation does not depend on the stride).
+
     Each row's price under a cost model is kept beside it (:meth:`model_seconds`): between two
     plans a replica's ring gains a push or two of steps and its cost model seldom changes (a
     refit), so a plan prices the new rows only, not all of them.
     """
 
     def __init__(self, capacity: int) -> None:
-        self.rows = np.zeros((capacity, _COLUMNS))
+        self.columns = np.zeros((_COLUMNS, capacity))
         self._priced = np.zeros(capacity)  # each row's seconds under _priced_for
-        self._unpriced = np.ones(capacity, dtype=bool)
+        # rows written since they were last priced: always the newest, the `_fresh` rows before `head`
+        # (each add writes the ring on from `head`), so no per-row mark is needed to find them
+        self._fresh = 0
         self._priced_for: CostModel | None = None
         self.size = 0
         self.head = 0
@@ -133,6 +144,11 @@ class _Ledger:
         # the last measure() of this ledger and the cost model it priced with: a plan measures both modes'
         # ledgers, and a replica adds steps to the one of the mode it runs, so the other's answer is kept
         self.measured: tuple[CostModel, ModeMeasurement | None] | None = None
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The ring a step a row, ``(capacity, columns)``: a view of :attr:`columns`."""
+        return self.columns.T
 
     def add(self, records: Iterable[StepRecord]) -> int:
         """Append the steps that computed something, in order; one array write per call (a telemetry batch)."""
@@ -148,14 +164,13 @@ class _Ledger:
         block[:, 5] = starts
         self.phases += int(starts.sum())
         self.in_prefill = bool(prefill_only[-1])
-        cap, n = self.rows.shape[0], len(rows)
+        cap, n = self.columns.shape[1], len(rows)
         last = block[-cap:]  # what a row-by-row ring would still hold of them
         at = (self.head + n - len(last)) % cap
         first = min(len(last), cap - at)
-        self.rows[at : at + first] = last[:first]
-        self.rows[: len(last) - first] = last[first:]
-        self._unpriced[at : at + first] = True
-        self._unpriced[: len(last) - first] = True
+        self.columns[:, at : at + first] = last[:first].T
+        self.columns[:, : len(last) - first] = last[first:].T
+        self._fresh = min(cap, self._fresh + len(last))
         self.head = (self.head + n) % cap
         self.size = min(self.size + n, cap)
         self.total += n
@@ -164,19 +179,35 @@ class _Ledger:
         return n
 
     def view(self) -> np.ndarray:
-        return self.rows[: self.size]
+        """The held steps a row each, ``(size, columns)`` (a view)."""
+        return self.columns[:, : self.size].T
+
+    def held(self) -> np.ndarray:
+        """The held steps a column each, ``(columns, size)``: each column contiguous (a view)."""
+        return self.columns[:, : self.size]
 
     def model_seconds(self, cost: CostModel) -> np.ndarray:
         """Each held step's seconds under ``cost`` (:meth:`CostModel.steps_seconds`), in :meth:`view`'s order."""
-        if cost is not self._priced_for:
-            self._priced_for = cost
-            self._unpriced[:] = True
-        todo = np.flatnonzero(self._unpriced[: self.size])
-        if todo.size:
-            rows = self.rows[todo]
-            self._priced[todo] = cost.steps_seconds(rows[:, 0], rows[:, 1], rows[:, 2])
-            self._unpriced[todo] = False
+        for a, b in self.unpriced(cost):
+            cols = self.columns[:, a:b]
+            self._priced[a:b] = cost.steps_seconds(cols[0], cols[1], cols[2])
+        self.priced(cost)
         return self._priced[: self.size]
+
+    def unpriced(self, cost: CostModel) -> list[tuple[int, int]]:
+        """The ranges of rows whose price under ``cost`` is not held: the newest ``_fresh`` rows (all of them
+        under another model), which end at head and wrap round the ring's end at most once."""
+        fresh = self.size if cost is not self._priced_for else self._fresh
+        if not fresh:
+            return []
+        cap, lo = self.columns.shape[1], self.head - fresh
+        spans = [(lo, self.head)] if lo >= 0 else [(cap + lo, cap), (0, self.head)]
+        return [(a, b) for a, b in spans if b > a]
+
+    def priced(self, cost: CostModel) -> None:
+        """The caller wrote the prices of :meth:`unpriced`'s rows under ``cost`` (a step's price is an
+        elementwise function of its row: the same float whatever else was priced in the same pass)."""
+        self._priced_for, self._fresh = cost, 0
 
 
 @dataclass(frozen=True)
@@ -274,10 +305,6 @@ class ModeEvidence:
         steps, phases = self.mark(mode)
         return steps - mark[0] >= self.min_steps and (mode is not Mode.EB or phases - mark[1] >= self.min_phases)
 
-    def _enough(self, mode: Mode, ledger: _Ledger) -> bool:
-        held_phases = int(ledger.view()[:, 5].sum())
-        return ledger.size >= self.min_steps and (mode is not Mode.EB or held_phases >= self.min_phases)
-
     def measure(self, mode: Mode, cost: CostModel) -> ModeMeasurement | None:
         """The mode's evidence priced with ``cost``; ``None`` until it holds a full sample."""
         ledger = self._ledgers.get(mode)
@@ -290,27 +317,31 @@ class ModeEvidence:
         return measured
 
     def _measure(self, mode: Mode, ledger: _Ledger, cost: CostModel) -> ModeMeasurement | None:
-        if not self._enough(mode, ledger):
+        prefill, decode, _, seconds, running, starts = ledger.held()
+        # sums by np.add.reduce, what ndarray.sum calls, without its Python wrapper (five a measurement)
+        total_of = np.add.reduce
+        # a full sample: min_steps steps and, for EB, min_phases prefill phases among them
+        phases = int(total_of(starts))
+        if ledger.size < self.min_steps or (mode is Mode.EB and phases < self.min_phases):
             return None
-        prefill, decode, _, seconds, running, starts = ledger.view().T
         model = ledger.model_seconds(cost)
-        total = float(seconds.sum())
+        total = float(total_of(seconds))
         # np.average's and np.median's arithmetic, without their overhead (a plan prices two ledgers)
-        mean_running = float((running * seconds).sum() / total) if total > 0 else 0.0
+        mean_running = float(total_of(running * seconds) / total) if total > 0 else 0.0
         mu_l, mu_o = (0.0, 0.0)
         if ledger.lengths:
-            mu_l, mu_o = (statistics.median(column) for column in zip(*ledger.lengths, strict=True))
+            mu_l, mu_o = (_median_of(column) for column in zip(*ledger.lengths, strict=True))
         point = OperatingPoint(running=mean_running, mu_l=float(mu_l), mu_o=float(mu_o))
         return ModeMeasurement(
             mode=mode,
             steps=ledger.size,
             seconds=total,
-            model_seconds=float(model.sum()),
-            tokens=int(prefill.sum() + decode.sum()),
+            model_seconds=float(total_of(model)),
+            tokens=int(total_of(prefill) + total_of(decode)),
             running=mean_running,
             plan=ledger.plan,
             point=point,
-            phases=int(starts.sum()),
+            phases=phases,
         )
 
     def measure_all(self, cost: CostModel) -> dict[Mode, ModeMeasurement]:
@@ -356,3 +387,27 @@ class Judgement:
 
     def of(self, mode: Mode) -> ModeCheck:
         return self.eb if mode is Mode.EB else self.mb
+
+
+def price_fleet(books: Iterable[tuple[ModeEvidence, CostModel]]) -> None:
+    """Price the steps each replica's ledgers gained since its last plan under its cost model, all replicas'
+    in one vector pass (:func:`~ebplus.controller.cost_model.price_steps` with per-step coefficients).
+
+    Between two fleet updates every replica pushes steps; priced one replica at a time (in
+    :meth:`ModeEvidence.measure`) each pass is a few dozen rows and mostly numpy's per-call cost. The prices
+    are the floats a replica's own pass gives (every operation is elementwise), and the ledgers then hold
+    nothing unpriced under those models, so a plan measuring with the same model prices nothing again.
+    """
+    ledgers = [(ledger, cost) for evidence, cost in books for ledger in evidence._ledgers.values()]
+    spans = [(ledger, a, b, cost) for ledger, cost in ledgers for a, b in ledger.unpriced(cost)]
+    if spans:
+        held = np.concatenate([ledger.columns[:3, a:b] for ledger, a, b, _ in spans], axis=1)
+        counts = [b - a for _, a, b, _ in spans]
+        per_model = np.array([cost.coefficients() for *_, cost in spans]).T  # a row per coefficient
+        prices = price_steps(held[0], held[1], held[2], tuple(np.repeat(per_model, counts, axis=1)))
+        at = 0
+        for (ledger, a, b, _), count in zip(spans, counts, strict=True):
+            ledger._priced[a:b] = prices[at : at + count]
+            at += count
+    for ledger, cost in ledgers:
+        ledger.priced(cost)

@@ -425,6 +425,8 @@ class FleetController:
         self.updates += 1
         replicas = list(self.replicas.values())
         refit = replica_work.refits(replicas, self.updates, self.config.cost_refit_every)
+        if estimate is not None:  # the steps the plans below measure, priced for the whole fleet at once
+            replica_work.price_evidence(replicas, refit)
         plans: list[Plan | None] = []
         for replica in replicas:
             plan = None

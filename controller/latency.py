@@ -28,6 +28,7 @@ and its share of steps is ``mb_steps``'s; a prompt takes ``s_p`` mixed steps.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from dataclasses import dataclass
@@ -90,6 +91,46 @@ class PrefillBound:
 UNBOUNDED = PrefillBound()
 
 
+class Prices:
+    """EB's and MB's closed-form prices (:func:`theory.tp_eb`, :func:`theory.mb_steps`) for one plan, each
+    computed once per set of arguments.
+
+    A plan prices EB at its operating point up to five times (the latency rule, the crossover, the per-token
+    time as measured and as modelled, the capacity at the cap) and MB up to three, mostly with the same
+    arguments (no measured per-cycle cost, the batch at its cap). Both are pure functions of their
+    arguments, so an answer is reused only for the very same arguments; one book serves one plan (a new
+    plan, a new book), so nothing in it can go stale.
+    """
+
+    def __init__(self) -> None:
+        self._eb: dict[tuple, float] = {}
+        self._mb: dict[tuple, theory.MixedSteps] = {}
+
+    def tp_eb(self, k: int, n: int, alpha_p: float, alpha_d: float, beta_p: float, beta_d: float, mu_l: float,
+              mu_o: float, budget: float | None = None, cycle_s: float = 0.0) -> float:  # fmt: skip
+        """:func:`theory.tp_eb` of these arguments."""
+        key = (k, n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o, budget, cycle_s)
+        tp = self._eb.get(key)
+        if tp is None:
+            tp = self._eb[key] = theory.tp_eb(*key)
+        return tp
+
+    def priced_eb(self, tp: float, k: int, n: int, alpha_p: float, alpha_d: float, beta_p: float, beta_d: float,
+                  mu_l: float, mu_o: float, budget: float | None, cycle_s: float) -> None:  # fmt: skip
+        """Record ``tp``, what :func:`theory.tp_eb` returns for these arguments, priced by the caller
+        (:func:`choose_k` prices its candidates with :func:`theory.tp_eb_many`: the same floats)."""
+        self._eb[(k, n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o, budget, cycle_s)] = tp
+
+    def mb_steps(self, n: int, alpha_mb: float, beta_mb_coeffs: tuple[float, float, float], alpha_d: float,
+                 beta_d: float, mu_l: float, mu_o: float, budget: float | None = None) -> theory.MixedSteps:  # fmt: skip
+        """:func:`theory.mb_steps` of these arguments."""
+        key = (n, alpha_mb, beta_mb_coeffs, alpha_d, beta_d, mu_l, mu_o, budget)
+        steps = self._mb.get(key)
+        if steps is None:
+            steps = self._mb[key] = theory.mb_steps(*key)
+        return steps
+
+
 def prefill_bound(
     cost: CostModel, k: int, n: int, mu_l: float, budget: float | None, slo: SloConfig, cycle_s: float = 0.0
 ) -> PrefillBound:
@@ -128,8 +169,13 @@ def eb_latency(
     cycle_s: float = 0.0,
     bound: PrefillBound | None = None,
     queue: float = 0.0,
+    tp: float | None = None,
 ) -> Latency:
-    """EB(k)'s latency at batch ``n`` (``cost`` folded; ``queue``: requests waiting beyond the batch)."""
+    """EB(k)'s latency at batch ``n`` (``cost`` folded; ``queue``: requests waiting beyond the batch).
+
+    ``tp``: EB(k)'s throughput under these arguments, when the caller priced it already (:func:`choose_k`
+    prices every candidate): it is what :func:`theory.tp_eb` would return here, so it is not priced twice.
+    """
     bound = bound or UNBOUNDED
     step_budget = bound.step_budget(budget)
     steps, t_p = _prefill_phase(cost, k, mu_l, step_budget)
@@ -142,15 +188,19 @@ def eb_latency(
     stall = longest + t_d + max(cycle_s, 0.0)
     itl = stall if runs / (decode_steps + runs) >= TAIL else t_d
     phase = steps * t_p + (runs - 1) * t_d
-    args = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o, step_budget, cycle_s)
-    tp = theory.tp_eb(k, n, *args)
+    if tp is None:
+        tp = theory.tp_eb(k, n, cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o, step_budget, cycle_s)
     ttft = (1.0 - TAIL) * decode_steps * t_d + phase + max(cycle_s, 0.0) + queue / tp
     return Latency(ttft_p99=ttft, itl_p99=itl, stall=stall)
 
 
-def mb_latency(n: int, cost: CostModel, mu_l: float, mu_o: float, budget: float | None, queue: float = 0.0) -> Latency:
-    """MB's latency with ``n`` running requests (``cost`` folded)."""
-    mb = theory.mb_steps(n, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d, mu_l, mu_o, budget)
+def mb_latency(
+    n: int, cost: CostModel, mu_l: float, mu_o: float, budget: float | None, queue: float = 0.0,
+    prices: Prices | None = None,
+) -> Latency:  # fmt: skip
+    """MB's latency with ``n`` running requests (``cost`` folded; ``prices``: the plan's, if any)."""
+    mb_steps = theory.mb_steps if prices is None else prices.mb_steps
+    mb = mb_steps(n, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d, mu_l, mu_o, budget)
     itl = mb.mixed_s if mb.share >= TAIL else mb.decode_s
     ttft = (mb.prefill_steps + 1.0) * mb.mixed_s + queue / mb.tp
     return Latency(ttft_p99=ttft, itl_p99=itl, stall=max(mb.mixed_s, mb.decode_s))
@@ -172,8 +222,17 @@ class KChoice:
 
 @functools.lru_cache(maxsize=4096)
 def _grid(n: int) -> tuple[int, ...]:
-    """The log-spaced candidate thresholds for a batch of ``n`` (the same for every plan at that ``n``)."""
+    """The log-spaced candidate thresholds for a batch of ``n`` (the same for every plan at that ``n``), ascending."""
     return tuple(int(k) for k in np.unique(np.round(np.geomspace(1, n - 1, min(CANDIDATES, n - 1))).astype(int)))
+
+
+def _candidates(n: int, k_star: int) -> list[int]:
+    """``sorted({*_grid(n), k_star})``: the grid is sorted and unique, so ``k_star`` is inserted in its place."""
+    grid = _grid(n)
+    at = bisect.bisect_left(grid, k_star)
+    if at < len(grid) and grid[at] == k_star:
+        return list(grid)
+    return [*grid[:at], k_star, *grid[at:]]
 
 
 def choose_k(
@@ -186,52 +245,81 @@ def choose_k(
     slo: SloConfig,
     cycle_s: float = 0.0,
     queue: float = 0.0,
+    prices: Prices | None = None,
 ) -> KChoice:
-    """Pick k by the rule of the module docstring (``cost`` folded, ``cycle_s`` the measured per-cycle cost)."""
+    """Pick k by the rule of the module docstring (``cost`` folded, ``cycle_s`` the measured per-cycle cost).
+
+    ``prices``: the plan's price book, given the chosen k's throughput (the plan prices EB there again).
+    """
     if n < 2:
         raise ValueError(f"n must be >= 2, got {n}")
     k_star = min(max(1, k_star), n - 1)
-    ks = sorted({*_grid(n), k_star})
+    ks = _candidates(n, k_star)
     base = (cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o)
     if slo.max_stall_s is None and slo.itl_p99_s is None:  # no stall target: every k unbounded (prefill_bound's answer)
-        bounds = dict.fromkeys(ks, UNBOUNDED)
+        bounds = [UNBOUNDED] * len(ks)
         budgets = [UNBOUNDED.step_budget(budget)] * len(ks)
     else:
-        bounds = {k: prefill_bound(cost, k, n, mu_l, budget, slo, cycle_s) for k in ks}
-        budgets = [bounds[k].step_budget(budget) for k in ks]
+        bounds = [prefill_bound(cost, k, n, mu_l, budget, slo, cycle_s) for k in ks]
+        budgets = [bound.step_budget(budget) for bound in bounds]
     tp_list = theory.tp_eb_many(ks, n, *base, budgets, cycle_s)
     best = max(tp_list)
     floor = (1.0 - slo.tolerance) * best
-    tolerated = [k for k, tp in zip(ks, tp_list, strict=True) if tp >= floor]
-    tps = dict(zip(ks, tp_list, strict=True))
-
-    def judged(k: int) -> tuple[Latency, PrefillBound, float | None]:
-        lat = eb_latency(k, n, cost, mu_l, mu_o, budget, cycle_s, bounds[k], queue)
-        return lat, bounds[k], lat.margin(slo)
-
-    if not slo.targets:
-        k = min(tolerated)
+    if not slo.targets:  # most plans: the smallest k within the tolerance (ks ascend), judged alone
+        at = next((i for i, tp in enumerate(tp_list) if tp >= floor), None)
+        if at is None:  # (no throughput is a number: what min() of the empty choice raised)
+            raise ValueError("min() arg is an empty sequence")
+        k, tp, bound = ks[at], tp_list[at], bounds[at]
+        lat = eb_latency(k, n, cost, mu_l, mu_o, budget, cycle_s, bound, queue, tp=tp)
+        margin = lat.margin(slo)
         why = f"k {k}: the smallest stall within {slo.tolerance:.0%} of the best predicted throughput (k* {k_star})"
     else:
-        margins = {k: judged(k)[2] for k in ks}
-        meeting = [k for k in tolerated if margins[k] >= slo.safety]
-        if meeting:
-            k = max(meeting, key=lambda k: (margins[k], -k))
-            why = f"k {k}: meets the latency targets with the most margin ({margins[k]:.0%}) within {slo.tolerance:.0%}"
-        elif any(m >= slo.safety for m in margins.values()):
-            k = max((k for k in ks if margins[k] >= slo.safety), key=lambda k: tps[k])
-            why = f"k {k}: the best throughput that meets the latency targets ({tps[k] / best:.1%} of the best)"
-        else:
-            k = max(tolerated, key=lambda k: margins[k])
-            why = f"k {k}: no k meets the latency targets; the closest within {slo.tolerance:.0%} ({margins[k]:.0%})"
-    lat, bound, margin = judged(k)
+        k, tp, bound, lat, margin, why = _by_targets(ks, tp_list, bounds, best, floor, n, cost, mu_l, mu_o, budget,
+                                                     slo, cycle_s, queue)  # fmt: skip
+    if prices is not None:
+        prices.priced_eb(tp, k, n, *base, bound.step_budget(budget), cycle_s)
     return KChoice(
         k=k,
         k_throughput=k_star,
         bound=bound,
-        throughput=tps[k],
+        throughput=tp,
         best_throughput=best,
         latency=lat,
         meets=None if margin is None else margin >= slo.safety,
         reason=why,
     )
+
+
+def _by_targets(
+    ks: list[int],
+    tp_list: list[float],
+    bounds: list[PrefillBound],
+    best: float,
+    floor: float,
+    n: int,
+    cost: CostModel,
+    mu_l: float,
+    mu_o: float,
+    budget: float | None,
+    slo: SloConfig,
+    cycle_s: float,
+    queue: float,
+) -> tuple[int, float, PrefillBound, Latency, float | None, str]:
+    """:func:`choose_k`'s pick with latency targets: every candidate's margin, then the rule's choice among them;
+    ``(k, its throughput, its bound, its latency, its margin, why)``."""
+    tps = dict(zip(ks, tp_list, strict=True))
+    bound_of = dict(zip(ks, bounds, strict=True))
+    lats = {k: eb_latency(k, n, cost, mu_l, mu_o, budget, cycle_s, bound_of[k], queue, tp=tps[k]) for k in ks}
+    margins = {k: lat.margin(slo) for k, lat in lats.items()}
+    tolerated = [k for k in ks if tps[k] >= floor]
+    meeting = [k for k in tolerated if margins[k] >= slo.safety]
+    if meeting:
+        k = max(meeting, key=lambda k: (margins[k], -k))
+        why = f"k {k}: meets the latency targets with the most margin ({margins[k]:.0%}) within {slo.tolerance:.0%}"
+    elif any(m >= slo.safety for m in margins.values()):
+        k = max((k for k in ks if margins[k] >= slo.safety), key=lambda k: tps[k])
+        why = f"k {k}: the best throughput that meets the latency targets ({tps[k] / best:.1%} of the best)"
+    else:
+        k = max(tolerated, key=lambda k: margins[k])
+        why = f"k {k}: no k meets the latency targets; the closest within {slo.tolerance:.0%} ({margins[k]:.0%})"
+    return k, tps[k], bound_of[k], lats[k], margins[k], why

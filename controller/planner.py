@@ -18,7 +18,6 @@ Definitions used here:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -156,15 +155,15 @@ class ThresholdPlanner:
         kv_tokens = max(1.0, kv_capacity_tokens * st.kv_scale - shared)
         n_prev = st.n_cap
         cycle_s = self._cycle_cost(measured.get(Mode.EB), cost)
-        th = self._thresholds(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled, cycle_s=cycle_s)
-        k_choice = self._choose_k(estimate, cost, th, cycle_s)
-        if k_choice is not None:
-            bound = k_choice.bound
-            th = dataclasses.replace(
-                th, k=k_choice.k, k_throughput=th.k, prefill_steps=bound.steps, prefill_tokens=bound.tokens
-            )
+        sizes = self._sizes(estimate, cost, kv_tokens, n_obs, n_prev, st.theta, may_grow=settled, cycle_s=cycle_s)
+        prices = latency.Prices()  # this plan's: EB and MB are priced at the same points by several steps
+        k_choice = self._choose_k(estimate, cost, *sizes[6:], cycle_s, prices)
+        if k_choice is None:
+            th = Sizing(*sizes)
+        else:  # the latency rule's k, theta x N kept beside it: one Sizing either way
+            th = Sizing(*sizes[:9], k_choice.k, sizes[9], k_choice.bound.steps, k_choice.bound.tokens)
         active, switched, xo, reason, judgement = self._choose_mode(
-            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice, load, seen
+            estimate, cost, th, measured, evidence, explore and cfg.loop.enabled, cycle_s, k_choice, load, seen, prices
         )
         st.theta, st.n_cap, st.plans, st.context = th.theta, th.n_cap, st.plans + 1, context
         sizing = self._explain(estimate, th, kv_tokens, n_prev, settled)
@@ -209,7 +208,22 @@ class ThresholdPlanner:
         may_grow: bool = True,
         cycle_s: float = 0.0,
     ) -> Sizing:
-        """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's.
+        """:meth:`_sizes` as a :class:`Sizing` (k = theta x N)."""
+        return Sizing(*self._sizes(estimate, cost, kv_tokens, n_obs, n_prev, theta_prev, may_grow, cycle_s))
+
+    def _sizes(
+        self,
+        estimate: Estimate,
+        cost: CostModel,
+        kv_tokens: float,
+        n_obs: float,
+        n_prev: int | None,
+        theta_prev: float | None,
+        may_grow: bool = True,
+        cycle_s: float = 0.0,
+    ) -> tuple[float, float, float, float, int, int, int, float, int, int]:
+        """theta*, N* and k for one estimate (``cost`` already folded), smoothed against the previous plan's:
+        :class:`Sizing`'s first ten fields, in its order (a plan builds its Sizing once, with the latency rule's k).
 
         N shrinks to N* at once; it grows toward N* by at most ``n_growth`` per plan,
         and only when ``may_grow`` (the estimate has settled, see ``n_settle``). ``cycle_s``,
@@ -233,15 +247,14 @@ class ThresholdPlanner:
         # eqs. (6) and the CLT form use 1/p0 as the mean age of a running request (geometric outputs)
         p_age = estimate.p0 if cfg.n_star_age == "geometric" else min(1.0, 1.0 / max(estimate.mean_age, 1.0))
         n_args = (kv_tokens, cfg.eps, p_age, estimate.mu_l, ts.theta0, cfg.max_num_seqs)
-        n_paper = theory.n_star_paper(*n_args)
-        n_clt = theory.n_star_clt(*n_args)
+        n_paper, n_clt = theory.n_stars(*n_args)
         n_star = n_clt if cfg.n_star_method == "clt" else n_paper
         n_grown = min(n_star, math.ceil(n_prev * cfg.n_growth)) if may_grow else n_prev
         n_cap = max(2, n_star if n_star <= n_prev else n_grown)
         n_obs_f = max(float(n_obs), 1.0)
         n_eb = max(2, min(n_cap, math.ceil(n_obs_f)))
         k = min(theory.k_star(theta, n_eb), n_eb - 1)
-        return Sizing(ts.theta0, ts.delta_theta, ts.theta_star, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k)
+        return ts.theta0, ts.delta_theta, ts.theta_star, theta, n_paper, n_clt, n_cap, n_obs_f, n_eb, k
 
     def _cycle_cost(self, eb: ModeMeasurement | None, cost: CostModel) -> float:
         """EB's measured seconds per cycle beyond what its steps cost in the model (never below -alpha_p / 2)."""
@@ -249,8 +262,12 @@ class ThresholdPlanner:
             return 0.0
         return max(eb.excess_per_phase, -0.5 * cost.alpha_p)
 
-    def _choose_k(self, estimate: Estimate, cost: CostModel, th: Sizing, cycle_s: float) -> latency.KChoice | None:
-        """The latency rule (``config.slo``); ``None`` keeps k = theta x N (tolerance 0, no targets).
+    def _choose_k(
+        self, estimate: Estimate, cost: CostModel, n_cap: int, n_obs: float, n_eb: int, k: int, cycle_s: float,
+        prices: latency.Prices | None = None,
+    ) -> latency.KChoice | None:  # fmt: skip
+        """The latency rule (``config.slo``) for k = theta x N ``k`` at batch ``n_eb``; ``None`` keeps that k
+        (tolerance 0, no targets).
 
         The tolerance spends throughput the closed forms call flat in k. Where departures are
         the caps themselves (``model: caps``, every request ends at its cap) they are not what
@@ -264,9 +281,9 @@ class ThresholdPlanner:
             slo = slo.model_copy(update={"tolerance": 0.0})
         if slo.tolerance <= 0 and not slo.targets:
             return None
-        queue = max(0.0, th.n_obs - th.n_cap)
+        queue = max(0.0, n_obs - n_cap)
         return latency.choose_k(
-            th.k, th.n_eb, cost, estimate.mu_l, estimate.mu_o, self.config.max_num_batched_tokens, slo, cycle_s, queue
+            k, n_eb, cost, estimate.mu_l, estimate.mu_o, self.config.max_num_batched_tokens, slo, cycle_s, queue, prices
         )
 
     def cold_cap(self, kv_capacity_tokens: float, mu_l: float, mu_o: float) -> int | None:
@@ -330,6 +347,7 @@ class ThresholdPlanner:
         k_choice: latency.KChoice | None = None,
         load: float | None = None,
         seen: dict[Mode, LatencyMeasurement | None] | None = None,
+        prices: latency.Prices | None = None,
     ) -> tuple[Mode, bool, theory.Crossover | None, str, Judgement | None]:
         """The EB/MB choice: the model's two predictions, each corrected by what its mode measured.
 
@@ -350,8 +368,9 @@ class ThresholdPlanner:
                     None,
                 )
             return st.active, False, None, f"hold: concurrency {th.n_obs:.1f} < {cfg.min_concurrency:g}", None
-        xo = self._crossover(estimate, cost, th.k, th.n_eb)
-        j = self._judge(xo, measured, estimate, cost, th, cycle_s, k_choice, load, seen or {})
+        prices = prices or latency.Prices()
+        xo = self._crossover(estimate, cost, th.k, th.n_eb, prices)
+        j = self._judge(xo, measured, estimate, cost, th, cycle_s, k_choice, load, seen or {}, prices)
         if st.exploring is not None:
             return self._explore_step(j, xo, evidence, th.n_obs)
         ref = st.n_obs_at_switch
@@ -392,6 +411,7 @@ class ThresholdPlanner:
         k_choice: latency.KChoice | None,
         load: float | None = None,
         seen: dict[Mode, LatencyMeasurement | None] | None = None,
+        prices: latency.Prices | None = None,
     ) -> Judgement:
         """Both modes' predictions corrected by their evidence: EB's per-cycle excess, MB's bias (1.0 unmeasured).
 
@@ -399,7 +419,7 @@ class ThresholdPlanner:
         its own requests saw when it has run at this load (``seen``), else the prediction
         (MB's step times scaled by its bias), which must clear the targets by ``slo.safety``.
         """
-        cfg = self.config
+        cfg, prices = self.config, prices or latency.Prices()
         here = measured.get(self.state.active)
         point = OperatingPoint(here.running if here is not None else th.n_obs, estimate.mu_l, estimate.mu_o)
         budget, queue = cfg.max_num_batched_tokens, max(0.0, th.n_obs - th.n_cap)
@@ -407,20 +427,20 @@ class ThresholdPlanner:
         if th.prefill_tokens:  # capped prefill steps: more of them a phase
             args = (*args[:6], th.prefill_tokens, cycle_s)
         tokens = estimate.mu_l + estimate.mu_o
-        t_eb = 1.0 / (theory.tp_eb(th.k, th.n_eb, *args) * tokens)
-        t_eb_model = 1.0 / (theory.tp_eb(th.k, th.n_eb, *args[:7], 0.0) * tokens)  # as planned, nothing measured
+        t_eb = 1.0 / (prices.tp_eb(th.k, th.n_eb, *args) * tokens)
+        t_eb_model = 1.0 / (prices.tp_eb(th.k, th.n_eb, *args[:7], 0.0) * tokens)  # as planned, nothing measured
         # each mode's capacity (tokens/s) with the batch at its cap
         k_cap = min(th.n_cap - 1, max(1, round(th.k * th.n_cap / th.n_eb)))
         capacity = {
-            Mode.EB: theory.tp_eb(k_cap, th.n_cap, *args) * tokens,
-            Mode.MB: theory.mb_steps(th.n_cap, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d,
-                                  estimate.mu_l, estimate.mu_o, budget).tp * tokens,
+            Mode.EB: prices.tp_eb(k_cap, th.n_cap, *args) * tokens,
+            Mode.MB: prices.mb_steps(th.n_cap, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d,
+                                     estimate.mu_l, estimate.mu_o, budget).tp * tokens,
         }  # fmt: skip
         eb_lat = mb_lat = None
         if cfg.slo.targets:
             eb_lat = k_choice.latency if k_choice is not None else None
             mb_bias = measured[Mode.MB].bias if Mode.MB in measured else 1.0
-            mb_lat = latency.mb_latency(th.n_eb, cost, estimate.mu_l, estimate.mu_o, budget, queue)
+            mb_lat = latency.mb_latency(th.n_eb, cost, estimate.mu_l, estimate.mu_o, budget, queue, prices)
             mb_lat = latency.Latency(mb_lat.ttft_p99 * mb_bias, mb_lat.itl_p99 * mb_bias, mb_lat.stall * mb_bias)
         checks = {}
         for mode, predicted, corrected, lat in ((Mode.EB, t_eb_model, t_eb, eb_lat), (Mode.MB, xo.t_mb, None, mb_lat)):
@@ -505,20 +525,15 @@ class ThresholdPlanner:
             j,
         )
 
-    def _crossover(self, estimate: Estimate, cost: CostModel, k: int, n_eb: int) -> theory.Crossover:
-        return theory.crossover(
-            k,
-            n_eb,
-            cost.alpha_p,
-            cost.alpha_d,
-            cost.beta_p,
-            cost.beta_d,
-            cost.beta_mb,
-            estimate.mu_l,
-            estimate.mu_o,
-            alpha_mb=cost.alpha_mixed,
-            budget=self.config.max_num_batched_tokens,
-        )
+    def _crossover(
+        self, estimate: Estimate, cost: CostModel, k: int, n_eb: int, prices: latency.Prices | None = None
+    ) -> theory.Crossover:
+        """:func:`theory.crossover` of EB(k) and MB at ``n_eb``, priced through ``prices`` (a plan's book)."""
+        prices = prices or latency.Prices()
+        budget, mu_l, mu_o = self.config.max_num_batched_tokens, estimate.mu_l, estimate.mu_o
+        te = prices.tp_eb(k, n_eb, cost.alpha_p, cost.alpha_d, cost.beta_p, cost.beta_d, mu_l, mu_o, budget)
+        mb = prices.mb_steps(n_eb, cost.alpha_mixed, cost.beta_mb, cost.alpha_d, cost.beta_d, mu_l, mu_o, budget)
+        return theory.crossover_of(te, mb, mu_l, mu_o)
 
     def _band(self, j: Judgement, active: Mode) -> float:
         """Hysteresis margin (s/token): ``delta`` plus ``delta_rel`` of the running mode's per-token time."""

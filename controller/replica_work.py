@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ebplus.controller import evidence
 from ebplus.controller.estimator import WorkloadEstimator
 from ebplus.controller.messages import CompletionRecord, EngineFacts, FinishReason, StepRecord
 from ebplus.controller.stats import STEP_SECONDS_BUCKETS, Histogram
@@ -111,3 +112,14 @@ def refits(replicas: Sequence[ReplicaState], update: int, every: int) -> set[str
     if len(due) > MAX_REFITS:
         due = sorted(due, key=lambda r: (r.fitted_at, r.ordinal))[:MAX_REFITS]
     return first | {r.replica_id for r in due}
+
+
+def price_evidence(replicas: Sequence[ReplicaState], refit: set[str]) -> None:
+    """Price, in one pass for the fleet (:func:`ebplus.controller.evidence.price_fleet`), the steps each
+    replica's evidence gained since its last plan, under the cost model that plan measures them with: its
+    current fit, for a replica this update does not refit (or fit a first time) and whose loop is closed."""
+    evidence.price_fleet(
+        (r.evidence, r.cost.model)
+        for r in replicas
+        if r.cost is not None and r.replica_id not in refit and r.planner.config.loop.enabled
+    )

@@ -54,6 +54,8 @@ def check_range(
 
     NaN and infinities are always rejected: no closed form here accepts them.
     """
+    if type(value) is float and lo < value < hi:  # strictly inside: accepted whatever the ends (a re-plan checks ~50)
+        return value
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -273,8 +275,7 @@ def _clamp_n(n: float, max_num_seqs: int) -> int:
 def n_star_paper(kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: float, max_num_seqs: int) -> int:
     """Memory-safe batch size, the paper's closed form (Proposition 3.3, eq. 6)."""
     c, eps, p0, mu_l, t0, cap = _check_n_star_inputs(kv_capacity, eps, p0, mu_l, theta0, max_num_seqs)
-    numerator = c - math.log(1.0 / eps) / (p0 * p0 * mu_l)
-    return _clamp_n(numerator / _mean_slot_tokens(p0, mu_l, t0), cap)
+    return _n_star_paper(c, eps, p0, mu_l, cap, _mean_slot_tokens(p0, mu_l, t0))
 
 
 def n_star_clt(kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: float, max_num_seqs: int) -> int:
@@ -285,8 +286,25 @@ def n_star_clt(kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: f
     ``sqrt(N)``.
     """
     c, eps, p0, mu_l, t0, cap = _check_n_star_inputs(kv_capacity, eps, p0, mu_l, theta0, max_num_seqs)
-    z = -math.log1p(-t0)
+    return _n_star_clt(c, eps, p0, mu_l, t0, cap, _mean_slot_tokens(p0, mu_l, t0))
+
+
+def n_stars(
+    kv_capacity: float, eps: float, p0: float, mu_l: float, theta0: float, max_num_seqs: int
+) -> tuple[int, int]:
+    """``(n_star_paper(...), n_star_clt(...))`` of the same arguments, checked once (a plan sizes N with both)."""
+    c, eps, p0, mu_l, t0, cap = _check_n_star_inputs(kv_capacity, eps, p0, mu_l, theta0, max_num_seqs)
     d = _mean_slot_tokens(p0, mu_l, t0)
+    return _n_star_paper(c, eps, p0, mu_l, cap, d), _n_star_clt(c, eps, p0, mu_l, t0, cap, d)
+
+
+def _n_star_paper(c: float, eps: float, p0: float, mu_l: float, cap: int, d: float) -> int:
+    numerator = c - math.log(1.0 / eps) / (p0 * p0 * mu_l)
+    return _clamp_n(numerator / d, cap)
+
+
+def _n_star_clt(c: float, eps: float, p0: float, mu_l: float, t0: float, cap: int, d: float) -> int:
+    z = -math.log1p(-t0)
     sigma = math.sqrt(2.0 * z * (1.0 + (p0 * mu_l + z / t0) ** 2)) / p0
     b = sigma * math.sqrt(math.log(1.0 / eps))
     x = (-b + math.sqrt(b * b + 4.0 * d * c)) / (2.0 * d)
@@ -306,8 +324,16 @@ def beta_eb_weighted(beta_p: float, beta_d: float, mu_l: float, mu_o: float) -> 
     return (beta_p * mu_l + beta_d * mu_o) / (mu_l + mu_o)
 
 
+def _finite3(a: float, b: float, c: float) -> bool:
+    return -_INF < a < _INF and -_INF < b < _INF and -_INF < c < _INF
+
+
 def beta_mb(r: float, coeffs: Sequence[float]) -> float:
     """Mixed-step per-token cost ``a + b*r + c*r^2`` at decode share ``r``."""
+    if type(r) is float and 0.0 <= r <= 1.0 and len(coeffs) == 3:  # the common case, answered as below
+        a, b, c = coeffs
+        if type(a) is float and type(b) is float and type(c) is float and _finite3(a, b, c):
+            return a + b * r + c * r * r
     r = check_range("r", r, 0.0, 1.0)
     if len(coeffs) != 3:
         raise ValueError(f"beta_mb must have 3 coefficients a,b,c, got {len(coeffs)}")
@@ -358,7 +384,25 @@ def tp_eb(
     (and with ``mu_O`` for ``mu_d``) this is the paper's formula. ``cycle_s``: seconds a
     cycle costs beyond its steps (a phase-switch cost the controller measured).
     """
-    return tp_eb_many([k], n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o, [budget], cycle_s)[0]
+    # one threshold of tp_eb_many, its checks in the same order and its arithmetic written out, without the
+    # lists (a plan prices a threshold alone a few times)
+    n = int_at_least("n", n, 2)
+    k = int_at_least("k", k, 1)
+    if k >= n:
+        raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
+    alpha_p = _positive("alpha_p", alpha_p)
+    alpha_d = _positive("alpha_d", alpha_d)
+    beta_p = _non_negative("beta_p", beta_p)
+    beta_d = _non_negative("beta_d", beta_d)
+    mu_l = _positive("mu_l", mu_l)
+    mu_o = _positive("mu_o", mu_o)
+    if budget is None:
+        mu_d, prefill = mu_o, alpha_p + cycle_s
+    else:
+        mu_d, tokens = max(mu_o - 1.0, 1e-9), k * mu_l
+        prefill = alpha_p + cycle_s if tokens <= budget else math.ceil(tokens / budget) * alpha_p + cycle_s
+    fixed = prefill - alpha_d * mu_d * math.log1p(-k / n)
+    return 1.0 / (fixed / k + beta_p * mu_l + beta_d * mu_d)
 
 
 def tp_eb_many(
@@ -378,26 +422,45 @@ def tp_eb_many(
     a plan, and checking the same eight arguments for each was most of a replica's re-plan. The same
     arithmetic, in the same order, as one :func:`tp_eb` call per threshold: the same floats."""
     n = int_at_least("n", n, 2)
-    checked = []
-    for k in ks:
-        k = int_at_least("k", k, 1)
-        if k >= n:
-            raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
-        checked.append(k)
+    if ks and set(map(type, ks)) == {int} and min(ks) >= 1 and max(ks) < min(n, _EXACT_INT + 1):
+        checked = list(ks)  # what the loop below makes of them, at the cost of three passes in C
+    else:
+        checked = []
+        for k in ks:
+            k = int_at_least("k", k, 1)
+            if k >= n:
+                raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
+            checked.append(k)
     alpha_p = _positive("alpha_p", alpha_p)
     alpha_d = _positive("alpha_d", alpha_d)
     beta_p = _non_negative("beta_p", beta_p)
     beta_d = _non_negative("beta_d", beta_d)
     mu_l = _positive("mu_l", mu_l)
     mu_o = _positive("mu_o", mu_o)
+    # Per threshold: mu_d = mu_o unchunked (budget None), else mu_o - 1 (at least 1e-9); steps = 1 when the k
+    # prompts fit the budget, else ceil(k mu_L / budget); then
+    #   fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * log1p(-k/n)
+    #   tp    = 1 / (fixed / k + beta_p * mu_l + beta_d * mu_d)
+    # The products of shared operands are hoisted: each is the first operation of its (left-to-right)
+    # expression, so every float is the one tp_eb's own evaluation gives. 1 * alpha_p is alpha_p exactly.
+    log1p, ceil = math.log1p, math.ceil
+    one_step = alpha_p + cycle_s
+    per_token = beta_p * mu_l
+    mu_d_chunked = max(mu_o - 1.0, 1e-9)
+    ad_whole, bd_whole = alpha_d * mu_o, beta_d * mu_o
+    ad_chunked, bd_chunked = alpha_d * mu_d_chunked, beta_d * mu_d_chunked
     out = []
     for k, budget in zip(checked, budgets, strict=True):
-        mu_d = mu_o if budget is None else max(mu_o - 1.0, 1e-9)
+        if budget is None:
+            fixed = one_step - ad_whole * log1p(-k / n)
+            out.append(1.0 / (fixed / k + per_token + bd_whole))
+            continue
         tokens = k * mu_l
-        steps = 1 if budget is None or tokens <= budget else math.ceil(tokens / budget)  # _prefill_steps, inline
-        fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * math.log1p(-k / n)
-        per_request = fixed / k + beta_p * mu_l + beta_d * mu_d
-        out.append(1.0 / per_request)
+        if tokens <= budget:
+            fixed = one_step - ad_chunked * log1p(-k / n)
+        else:
+            fixed = ceil(tokens / budget) * alpha_p + cycle_s - ad_chunked * log1p(-k / n)
+        out.append(1.0 / (fixed / k + per_token + bd_chunked))
     return out
 
 
@@ -446,7 +509,9 @@ def mb_steps(
     for _ in range(8):  # the prefill's share of the budget depends on the decodes, which depend on s_p
         x = n / (s_p + decode_steps)
         room = (budget or math.inf) - x * decode_steps
-        s_p = max(1.0, mu_l / room) if room > 1.0 else max(1.0, mu_l)
+        previous, s_p = s_p, max(1.0, mu_l / room) if room > 1.0 else max(1.0, mu_l)
+        if s_p == previous:  # a fixed point: every later pass computes the same s_p
+            break
     x = n / (s_p + decode_steps)
     decodes, prompts = x * decode_steps, x * mu_l
     share = -math.expm1(-x * s_p)
@@ -501,6 +566,12 @@ def crossover(
     alpha_mb = alpha_p if alpha_mb is None else alpha_mb
     te = tp_eb(k, n, alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o, budget)
     mb = mb_steps(n, alpha_mb, beta_mb_coeffs, alpha_d, beta_d, mu_l, mu_o, budget)
+    return crossover_of(te, mb, mu_l, mu_o)
+
+
+def crossover_of(te: float, mb: MixedSteps, mu_l: float, mu_o: float) -> Crossover:
+    """:func:`crossover` from its two prices: EB's throughput ``te`` (:func:`tp_eb`) and MB's steps ``mb``
+    (:func:`mb_steps`), for a caller that has them already."""
     tokens = mu_l + mu_o
     t_eb, t_mb = 1.0 / (te * tokens), 1.0 / (mb.tp * tokens)
     return Crossover(

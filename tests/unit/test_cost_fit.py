@@ -148,3 +148,49 @@ def test_the_fits_median_is_numpys_to_the_last_bit(n: int) -> None:
     for scale in (1e-6, 1.0, 1e6):
         x = rng.standard_normal(n) * scale
         assert cost_fit._median(x) == float(np.median(x))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 64, 2048])
+def test_the_fits_median_of_tied_values_is_numpys_to_the_last_bit(n: int) -> None:
+    """Residuals of steps of a few sizes tie a lot: the middle order statistics are found as np.median finds them."""
+    rng = np.random.default_rng(n)
+    for values in ((-1.0, 0.0, 1.0), (2.5,), (1e-3, 2e-3, 2e-3, 5e-3), (0.0, 0.0, 7.0)):
+        x = rng.choice(values, n)
+        assert cost_fit._median(x) == float(np.median(x))
+
+
+def test_a_robust_fit_is_the_same_whether_or_not_a_bound_pins_a_coefficient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passes that pin nothing reuse the arrays built once for them; a pass that pins builds its own: a fit whose
+    intercept falls below its bound (pinned) and one that stays above it both match a fit made without the reuse."""
+    rng = np.random.default_rng(3)
+    n = rng.integers(1, 1000, 500).astype(float)
+    design = np.column_stack([np.ones_like(n), n])
+    fit = {"prior": (2e-3, 2e-5), "prior_sd": (1e-3, 1e-5)}
+    cases = [(intercept, lower, (intercept + 2e-5 * n) * rng.lognormal(0, 0.05, n.size))
+             for intercept, lower in ((1e-3, 5e-3), (1e-3, 0.0), (5e-3, 1e-3))]  # fmt: skip
+    got = [robust_linear_fit(design, y, lower=(lower, 0.0), **fit) for _, lower, y in cases]
+    weighted_fit, reused = cost_fit._weighted_fit, []
+
+    def without_reuse(xs, y, w, lb, pinned, unpinned=None):  # type: ignore[no-untyped-def]
+        reused.append(unpinned is not None)
+        return weighted_fit(xs, y, w, lb, pinned)
+
+    monkeypatch.setattr(cost_fit, "_weighted_fit", without_reuse)
+    plain = [robust_linear_fit(design, y, lower=(lower, 0.0), **fit) for _, lower, y in cases]
+    assert [g.tolist() for g in got] == [p.tolist() for p in plain] and all(reused)
+    assert [bool(g[0] == lower) for g, (_, lower, _) in zip(got, cases, strict=True)] == [True, False, False]
+
+
+def test_the_convergence_test_answers_as_its_numpy_form() -> None:
+    rng = np.random.default_rng(9)
+    specials = [0.0, -0.0, 1e-300, 1.0, np.inf, -np.inf, np.nan]
+    for _ in range(3000):
+        p = int(rng.integers(1, 5))
+        coef, previous = rng.standard_normal(p) * 10.0 ** rng.integers(-8, 3), rng.standard_normal(p)
+        if rng.random() < 0.5:
+            previous = coef + rng.standard_normal(p) * 10.0 ** rng.integers(-14, -4) * np.abs(coef)
+        if rng.random() < 0.2:
+            (coef if rng.random() < 0.5 else previous)[int(rng.integers(0, p))] = rng.choice(specials)
+        with np.errstate(invalid="ignore"):
+            expected = bool(np.max(np.abs(coef - previous)) <= 1e-6 * max(float(np.max(np.abs(coef))), 1e-300))
+        assert cost_fit._settled(coef, previous) is expected

@@ -255,3 +255,56 @@ def test_departed_replicas_age_out_instead_of_keeping_a_share() -> None:
         est.observe(CompletionRecord(10, 80, FinishReason.STOP, seq=i), "new")
     assert est.n_samples == 500 and est.state().departed == []  # displaced, one by one
     assert est.update().mu_o == pytest.approx(80)
+
+
+def _sample_row_by_row(est: WorkloadEstimator) -> departures.Sample:
+    """The window a row at a time: each window's finished requests (errors left out), then its running ones."""
+    from ebplus.controller.estimator import _recent
+
+    live, share = est._live()
+    rows = []
+    windows = [(w, *_recent(w.done, newest, share)) for w, newest in live]
+    windows += [(w, -1, list(w.done.items())) for w in est._departed]
+    for w, lo, recent in windows:
+        for _, rec in recent:
+            if rec.finish is FinishReason.ERROR:
+                continue
+            cap = rec.max_tokens or (rec.output_len if rec.finish is FinishReason.LENGTH else 0)
+            rows.append((rec.output_len, rec.finish is FinishReason.STOP, rec.finish is FinishReason.LENGTH, cap, 1.0,
+                         False))  # fmt: skip
+        scale = w.running_total / len(w.running) if w.running else 0.0
+        for r in w.running:
+            if r.seq <= lo or r.seq in w.done:
+                continue
+            at_cap = 0 < r.max_tokens <= r.age
+            rows.append((max(r.age, 0), False, at_cap, r.max_tokens, scale, not at_cap))
+    return departures.Sample.of(*(list(column) for column in zip(*rows, strict=True))) if rows else (
+        departures.Sample.of([], [], [], [], [], []))  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(1, 8), st.sampled_from([10, 37, 500]))
+def test_the_sample_built_a_column_at_a_time_is_the_row_by_row_one(seed: int, replicas: int, window: int) -> None:
+    """Every kind of ending, caps, running requests at and below their caps, replicas that leave: same entries,
+    same types, same order."""
+    rng = np.random.default_rng(seed)
+    est = WorkloadEstimator(window=window, update_every=1, min_samples=1)
+    finishes = list(FinishReason)
+    for step in range(25):
+        rid = f"r{rng.integers(replicas)}"
+        first = int(rng.integers(0, 3000))
+        recs = [CompletionRecord(10, int(o), finishes[int(f)], first + j, max_tokens=int(m))
+                for j, (o, f, m) in enumerate(zip(rng.integers(1, 300, 30), rng.integers(0, len(finishes), 30),
+                                                  rng.choice([0, 50, 400], 30), strict=True))]  # fmt: skip
+        est.observe_many(recs, rid)
+        k = int(rng.integers(0, 20))
+        running = [RunningRequest(seq=int(q), input_len=5, age=int(a), max_tokens=int(m))
+                   for q, a, m in zip(rng.integers(0, 3200, k), rng.integers(0, 500, k), rng.choice([0, 64, 300], k),
+                                      strict=True)]  # fmt: skip
+        est.observe_running(rid, running, int(rng.integers(len(running), 3 * len(running) + 2)))
+        if step % 7 == 6:
+            est.forget(f"r{rng.integers(replicas)}")
+        got, want = est.sample(), _sample_row_by_row(est)
+        for name in ("durations", "natural", "capped", "caps", "weights", "running"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and a.tolist() == b.tolist(), name

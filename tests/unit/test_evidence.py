@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from factories import batch, registration
@@ -219,3 +221,88 @@ def test_a_ledger_prices_only_its_new_steps_and_gets_the_whole_pricing_to_the_la
         whole = cost.steps_seconds(held[:, 0], held[:, 1], held[:, 2])
         assert ledger.model_seconds(cost).tolist() == whole.tolist()
     assert ledger.total > 100 and ledger.size == 100
+
+
+@pytest.mark.parametrize("capacity", [1, 7, 64])
+def test_a_ledger_prices_pushes_longer_than_its_ring_and_a_new_model_to_the_last_bit(capacity: int) -> None:
+    """The rows a plan has not priced are the newest, at most a ring of them: pushes that wrap the ring, fill it
+    more than once, or come several between two plans, and a refit's new model, all price as the whole ring."""
+    from ebplus.controller.evidence import _Ledger
+
+    rng = np.random.default_rng(capacity)
+    ledger = _Ledger(capacity)
+    models = [CostModel(alpha_p=1e-3, beta_p=2e-5 * (1 + i), alpha_d=8e-3, beta_d=4e-5, beta_mb=(2e-5, 5e-5, 1e-5),
+                        beta_kv=1e-9 * i) for i in range(2)]  # fmt: skip
+    for plan in range(60):
+        for _ in range(int(rng.integers(0, 3))):  # pushes between two plans
+            n = int(rng.integers(0, 3 * capacity + 2))
+            ledger.add([StepRecord(int(rng.integers(0, 3)) * 300, int(rng.integers(1, 3)) * 20, 9, 0,
+                                   float(rng.random()) + 0.01, int(rng.integers(0, 10**4))) for _ in range(n)])  # fmt: skip
+        cost = models[(plan // 7) % 2]
+        held = ledger.view()
+        assert ledger.model_seconds(cost).tolist() == cost.steps_seconds(held[:, 0], held[:, 1], held[:, 2]).tolist()
+        assert (ledger.rows[: ledger.size] == held).all() and ledger.held().shape == (6, ledger.size)
+
+
+def _steps(rng: np.random.Generator, n: int) -> list[StepRecord]:
+    kinds = rng.integers(0, 3, n)
+    return [StepRecord(int(p) * (k != 1), int(d) * (k != 0), 10, 0, float(s), int(kv))
+            for k, p, d, s, kv in zip(kinds, rng.integers(1, 4000, n), rng.integers(1, 500, n), rng.random(n) + 0.01,
+                                      rng.integers(0, 10**5, n), strict=True)]  # fmt: skip
+
+
+def test_pricing_the_fleet_at_once_gives_each_replica_its_own_models_prices_to_the_last_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replicas of different models priced in one pass: each ledger holds the prices its own model gives, and a
+    plan measuring with that model prices nothing again; a plan with another model (a refit) prices it all."""
+    from ebplus.controller.evidence import price_fleet
+
+    rng = np.random.default_rng(5)
+    models = [CostModel(alpha_p=1e-3 * (1 + i), beta_p=2e-5, alpha_d=8e-3 / (1 + i), beta_d=4e-5 * (1 + i),
+                        beta_mb=(2e-5, 5e-5 * i, 1e-5), alpha_mb=None if i else 3e-3, beta_kv=1e-9 * i)
+              for i in range(3)]  # fmt: skip
+    fleet = [ModeEvidence(window=w) for w in (5, 64, 200, 64)]
+    priced_alone = []
+    steps_seconds = CostModel.steps_seconds
+    monkeypatch.setattr(CostModel, "steps_seconds", lambda *a: priced_alone.append(1) or steps_seconds(*a))
+    for update in range(40):
+        for ev in fleet:
+            for _ in range(int(rng.integers(0, 3))):
+                ev.observe(Mode.EB if rng.random() < 0.5 else Mode.MB, _steps(rng, int(rng.integers(0, 90))), update)
+        books = [(ev, models[(i + update // 6) % 3]) for i, ev in enumerate(fleet)]
+        price_fleet(books[: update % 4 + 1])  # some priced fleet-wide, the rest left to their plans
+        for i, (ev, cost) in enumerate(books):
+            for ledger in ev._ledgers.values():
+                priced_alone.clear()
+                held = ledger.view()
+                got = ledger.model_seconds(cost).tolist()
+                assert got == steps_seconds(cost, held[:, 0], held[:, 1], held[:, 2]).tolist()
+                if i <= update % 4:
+                    assert not priced_alone
+                assert ledger.model_seconds(models[(i + update // 6 + 1) % 3]).tolist() == steps_seconds(
+                    models[(i + update // 6 + 1) % 3], held[:, 0], held[:, 1], held[:, 2]).tolist()  # fmt: skip
+                assert ledger.model_seconds(cost).tolist() == got
+
+
+def test_an_operating_point_is_near_another_coordinate_by_coordinate() -> None:
+    """Each coordinate within the factor, those not > 0 on both sides skipped (NaN included)."""
+    values = (0.0, -1.0, 1.0, 1.4, 2.0, 3.0, float("nan"), float("inf"))
+    for a, b, c in itertools.product(values, repeat=3):
+        p, q = OperatingPoint(a, b, c), OperatingPoint(1.5, 1.5, 1.5)
+        for x, y in ((p, q), (q, p)):
+            pairs = ((x.running, y.running), (x.mu_l, y.mu_l), (x.mu_o, y.mu_o))
+            expected = all(u / 1.5 <= v <= u * 1.5 for u, v in pairs if u > 0 and v > 0)
+            assert x.near(y, 1.5) is expected
+
+
+def test_the_lengths_median_is_statistics_median() -> None:
+    import statistics
+
+    from ebplus.controller.evidence import _median_of
+
+    rng = np.random.default_rng(2)
+    for n in range(1, 10):
+        for _ in range(200):
+            values = tuple(float(x) for x in rng.choice([0.5, 1.0, 512.0, 255.3, rng.random() * 1e3], n))
+            assert _median_of(values) == statistics.median(values)

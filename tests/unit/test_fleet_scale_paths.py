@@ -342,3 +342,43 @@ def test_the_evidence_ledger_written_a_batch_at_a_time_holds_what_row_by_row_wri
         assert (fast.rows == slow.rows).all()
         assert (fast.head, fast.size, fast.total, fast.phases, fast.in_prefill) == (
             slow.head, slow.size, slow.total, slow.phases, slow.in_prefill)  # fmt: skip
+
+
+# -- the fleet's evidence priced at once ------------------------------------------------------
+
+
+def _fleet_plans(seed: int) -> list:
+    """Plans of three replicas of different models over a few updates, a deterministic clock and traffic."""
+    from ebplus.controller.cost_model import CostModel
+    from ebplus.controller.messages import Mode
+
+    rng = np.random.default_rng(seed)
+    ticks = iter(range(10**6))
+    fc = FleetController(ControllerConfig(first_update=10**9), clock=lambda: 100.0 + next(ticks))
+    for i in range(3):
+        prior = CostModel(alpha_p=1e-3 * (1 + i), beta_p=2e-5, alpha_d=8e-3, beta_d=4e-5 / (1 + i),
+                          beta_mb=(2e-5, 5e-5, 1e-5), beta_kv=1e-9 * i)  # fmt: skip
+        fc.register(registration(f"r{i}", mode=Mode.AUTO, max_num_seqs=256, prior=prior))
+    plans, seq = [], 0
+    for _ in range(8):
+        for i in range(3):
+            kinds = np.arange(48) % 6  # prefill phases between decode runs, a few mixed steps
+            steps = [StepRecord(int(p) if k < 2 else 0, int(d) if k >= 1 else 0, int(d), 3, float(s), int(d) * 700)
+                     for k, p, d, s in zip(kinds, rng.integers(256, 8192, 48), rng.integers(8, 256, 48),
+                                           rng.random(48) * 0.05 + 0.01, strict=True)]  # fmt: skip
+            outs = rng.geometric(1 / 200, 20)
+            comps = [CompletionRecord(512, int(o), FinishReason.STOP, seq=seq + j) for j, o in enumerate(outs)]
+            seq += 20
+            fc.ingest(batch(f"r{i}", comps, steps, applied_version=1 << 40))
+        fc.recompute("test")
+        plans.append([(r.planner.last, r.current) for r in fc.replicas.values()])
+    return plans
+
+
+def test_evidence_priced_for_the_fleet_at_once_makes_the_plans_priced_one_replica_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    at_once = _fleet_plans(3)
+    assert all(plan.judgement.mb.measured is not None for plan, _ in at_once[-1])  # the evidence is priced
+    monkeypatch.setattr(replica_work, "price_evidence", lambda replicas, refit: None)
+    assert _fleet_plans(3) == at_once

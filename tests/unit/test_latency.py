@@ -94,3 +94,57 @@ def test_the_candidate_grid_is_the_log_spaced_thresholds(n: int) -> None:
 
     expected = sorted({int(k) for k in np.unique(np.round(np.geomspace(1, n - 1, min(latency.CANDIDATES, n - 1))))})
     assert list(latency._grid(n)) == expected
+
+
+@pytest.mark.parametrize("n", [2, 3, 49, 50, 1024])
+def test_the_candidates_are_the_grid_with_k_star_in_its_place(n: int) -> None:
+    for k_star in {1, n // 2, max(1, n - 1), *latency._grid(n)}:
+        assert latency._candidates(n, k_star) == sorted({*latency._grid(n), k_star})
+
+
+def test_the_price_book_answers_each_set_of_arguments_as_the_closed_forms_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan's book prices EB and MB once per set of arguments: any argument that differs is priced anew."""
+    calls: list[tuple] = []
+    tp_eb, mb_steps = theory.tp_eb, theory.mb_steps
+    monkeypatch.setattr(theory, "tp_eb", lambda *a: calls.append(("eb", *a)) or tp_eb(*a))
+    monkeypatch.setattr(theory, "mb_steps", lambda *a: calls.append(("mb", *a)) or mb_steps(*a))
+    book = latency.Prices()
+    args = (40, 1024, H200.alpha_p, H200.alpha_d, H200.beta_p, H200.beta_d, MU_L, MU_O, BUDGET, 0.0)
+    assert book.tp_eb(*args) == tp_eb(*args) and book.tp_eb(*args) == tp_eb(*args)
+    assert len(calls) == 1
+    for i, other in ((0, 41), (1, 1000), (2, 2 * H200.alpha_p), (6, 600.0), (8, None), (8, 4096.0), (9, 1e-3)):
+        changed = (*args[:i], other, *args[i + 1 :])
+        assert book.tp_eb(*changed) == tp_eb(*changed)
+    assert len(calls) == 8
+    mb = (1024, H200.alpha_mixed, H200.beta_mb, H200.alpha_d, H200.beta_d, MU_L, MU_O, BUDGET)
+    assert book.mb_steps(*mb) == mb_steps(*mb) and book.mb_steps(*mb) is book.mb_steps(*mb)
+    assert book.mb_steps(*mb[:-1], None) == mb_steps(*mb[:-1], None)
+    assert len(calls) == 10
+    book.priced_eb(123.0, *args[:-1], 5e-3)  # a price recorded for one cycle cost is that one's only
+    assert book.tp_eb(*args[:-1], 5e-3) == 123.0 and book.tp_eb(*args) == tp_eb(*args) and len(calls) == 10
+
+
+def test_a_plan_with_its_price_book_is_the_plan_priced_call_by_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The book only spares repeated calls: with one that prices every call afresh, every plan is the same."""
+
+    class NoBook(latency.Prices):
+        def tp_eb(self, *args: float) -> float:  # type: ignore[override]
+            return theory.tp_eb(*args)
+
+        def mb_steps(self, *args):  # type: ignore[no-untyped-def,override]
+            return theory.mb_steps(*args)
+
+    cost = resolve_profile("h200").cost_model()
+    configs = [PlannerConfig(max_num_seqs=2048, cooldown=0),
+               PlannerConfig(max_num_seqs=1024, slo=SloConfig(ttft_p99_s=2.0, max_stall_s=0.3)),
+               PlannerConfig(max_num_seqs=512, slo=SloConfig(ttft_p99_s=1.0, itl_p99_s=0.05, tolerance=0.02))]  # fmt: skip
+    for config in configs:
+        plans = []
+        for book in (latency.Prices, NoBook):
+            monkeypatch.setattr(latency, "Prices", book)
+            planner = ThresholdPlanner(config)
+            ev = ModeEvidence(min_completions=100)
+            ev.observe_completions(Mode.MB, [CompletionRecord(512, 256, FinishReason.STOP, ttft_s=1.0, stall_s=0.05)] * 200)
+            plans.append([planner.plan(Estimate.geometric(MU_L, mu_o, method="test"), cost, 4e6, n_obs, evidence=ev)
+                          for mu_o, n_obs in ((256.0, 2048), (300.0, 700), (120.0, 96), (256.0, 5000))])  # fmt: skip
+        assert plans[0] == plans[1]

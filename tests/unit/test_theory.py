@@ -313,3 +313,123 @@ def test_theta0_newton_stops_at_the_rounding_floor(monkeypatch: pytest.MonkeyPat
         steps.append(0)
         theory.solve_theta0(10.0**e)
     assert max(steps) <= 6, max(steps)
+
+
+# -- the quick paths answer as the checked, step-by-step forms ------------------------------
+
+
+def _tp_eb_reference(k: int, n: int, alpha_p: float, alpha_d: float, beta_p: float, beta_d: float, mu_l: float,
+                     mu_o: float, budget: float | None, cycle_s: float) -> float:  # fmt: skip
+    """tp_eb's arithmetic written out once per threshold, in its documented order."""
+    mu_d = mu_o if budget is None else max(mu_o - 1.0, 1e-9)
+    tokens = k * mu_l
+    steps = 1 if budget is None or tokens <= budget else math.ceil(tokens / budget)
+    fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * math.log1p(-k / n)
+    per_request = fixed / k + beta_p * mu_l + beta_d * mu_d
+    return 1.0 / per_request
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(2, 4096),
+    mu_l=st.floats(1.0, 20_000.0),
+    mu_o=st.floats(1.0, 5_000.0),
+    budget=st.one_of(st.none(), st.floats(16.0, 100_000.0)),
+    cycle=st.floats(-5e-4, 5e-3),
+)
+def test_the_throughput_curve_is_the_written_out_formula_to_the_last_bit(
+    n: int, mu_l: float, mu_o: float, budget: float | None, cycle: float
+) -> None:
+    ks = sorted({1, max(1, n // 3), n - 1, *range(1, min(n, 9))})
+    budgets = [budget if k % 3 else None for k in ks]
+    curve = theory.tp_eb_many(ks, n, *H200_ARGS, mu_l, mu_o, budgets, cycle)
+    reference = [_tp_eb_reference(k, n, *H200_ARGS, mu_l, mu_o, b, cycle) for k, b in zip(ks, budgets, strict=True)]
+    assert curve == reference
+    assert [theory.tp_eb(k, n, *H200_ARGS, mu_l, mu_o, b, cycle) for k, b in zip(ks, budgets, strict=True)] == reference
+
+
+def test_the_throughput_curve_takes_thresholds_of_any_integer_type_as_the_checked_loop_does() -> None:
+    n, args = 64, (*H200_ARGS, 512.0, 256.0)
+    plain = theory.tp_eb_many([1, 5, 63], n, *args, [None] * 3)
+    assert theory.tp_eb_many([True, np.int64(5), 63.0], n, *args, [None] * 3) == plain  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"k must be in \[1, n-1\]"):
+        theory.tp_eb_many([1, 64], n, *args, [None] * 2)
+    with pytest.raises(ValueError, match="k must be an integer"):
+        theory.tp_eb_many([1.5], n, *args, [None])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("value", "lo", "hi", "lo_open", "hi_open"),
+    [(0.5, 0.0, 1.0, False, False), (0.0, 0.0, 1.0, True, False), (1.0, 0.0, 1.0, False, True),
+     (0.0, 0.0, 1.0, False, False), (-3.0, -math.inf, math.inf, False, False), (math.inf, 0.0, math.inf, False, False),
+     (math.nan, -math.inf, math.inf, False, False), (2.0, 0.0, 1.0, False, False), (np.float64(0.5), 0.0, 1.0, True, True),
+     (1, 0.0, 2.0, False, False), (True, 0.0, 2.0, False, False)],
+)  # fmt: skip
+def test_the_quick_range_check_answers_as_the_full_one(value: float, lo: float, hi: float, lo_open: bool,
+                                                       hi_open: bool) -> None:  # fmt: skip
+    inside = lo < value < hi or (value == lo and not lo_open) or (value == hi and not hi_open)
+    if inside and math.isfinite(value):
+        got = theory.check_range("x", value, lo, hi, lo_open=lo_open, hi_open=hi_open)
+        assert got == float(value) and type(got) is float
+    else:
+        with pytest.raises(ValueError, match="x must be in"):
+            theory.check_range("x", value, lo, hi, lo_open=lo_open, hi_open=hi_open)
+
+
+def test_the_quick_mixed_cost_answers_as_the_checked_one() -> None:
+    for r in (0.0, 0.25, 1.0, np.float64(0.3), 1):
+        for coeffs in ((1e-5, 2e-5, -1e-6), [1e-5, 2e-5, 3e-6], (np.float64(1e-5), 2e-5, 3e-6)):
+            a, b, c = (float(x) for x in coeffs)
+            assert theory.beta_mb(r, coeffs) == a + b * float(r) + c * float(r) * float(r)  # type: ignore[arg-type]
+    for bad_r, bad_coeffs, match in ((1.5, (1.0, 2.0, 4.0), "r must be"), (0.5, (1.0, math.inf, 4.0), r"beta_mb\[1\]"),
+                                     (0.5, (1.0, 2.0), "3 coefficients")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            theory.beta_mb(bad_r, bad_coeffs)
+
+
+def _mb_s_p_reference(n: int, mu_l: float, mu_o: float, budget: float | None) -> float:
+    """mb_steps's prefill steps a prompt, iterated the full eight times."""
+    decode_steps, s_p = max(mu_o - 1.0, 0.0), 1.0
+    for _ in range(8):
+        x = n / (s_p + decode_steps)
+        room = (budget or math.inf) - x * decode_steps
+        s_p = max(1.0, mu_l / room) if room > 1.0 else max(1.0, mu_l)
+    return s_p
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 4096),
+    mu_l=st.floats(1.0, 50_000.0),
+    mu_o=st.floats(1.0, 5_000.0),
+    budget=st.one_of(st.none(), st.floats(16.0, 100_000.0)),
+)
+def test_mixed_batching_stops_iterating_at_a_fixed_point_with_the_same_answer(
+    n: int, mu_l: float, mu_o: float, budget: float | None
+) -> None:
+    got = theory.mb_steps(n, 1.2786e-3, (2.494e-5, 5.193e-5, 1.478e-5), 8.921e-3, 4.586e-5, mu_l, mu_o, budget)
+    assert got.prefill_steps == _mb_s_p_reference(n, mu_l, mu_o, budget)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kv=st.floats(1.0, 1e9),
+    eps=st.floats(1e-6, 0.5),
+    p0=st.floats(1e-5, 1.0),
+    mu_l=st.floats(1.0, 1e5),
+    t0=st.floats(1e-4, 0.999),
+    cap=st.integers(1, 4096),
+)
+def test_both_memory_safe_sizes_at_once_are_each_ones_own(
+    kv: float, eps: float, p0: float, mu_l: float, t0: float, cap: int
+) -> None:
+    args = (kv, eps, p0, mu_l, t0, cap)
+    assert theory.n_stars(*args) == (theory.n_star_paper(*args), theory.n_star_clt(*args))
+
+
+def test_both_memory_safe_sizes_at_once_refuse_what_each_refuses() -> None:
+    for bad, match in (((0.0, 0.01, 0.1, 10.0, 0.5, 8), "kv_capacity"), ((1e4, 1.0, 0.1, 10.0, 0.5, 8), "eps"),
+                       ((1e4, 0.01, 0.1, 10.0, 1.0, 8), "theta0"), ((1e4, 0.01, 0.1, 10.0, 0.5, 0), "max_num_seqs")):  # fmt: skip
+        for form in (theory.n_stars, theory.n_star_paper, theory.n_star_clt):
+            with pytest.raises(ValueError, match=match):
+                form(*bad)
