@@ -116,6 +116,7 @@ def test_replicas_that_left_the_board_and_unreadable_reports_are_dropped() -> No
     assert router.refused == 2 and router.hints == HINTS  # the last readable hints stay
 
 
+@pytest.mark.timeout(30)
 def test_the_watch_follows_the_board_actor_through_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
     """A restarted actor counts versions from 0 again: the router asks it for everything once it sees that."""
     actor = SimpleNamespace(version=5, asked=[])
@@ -131,14 +132,13 @@ def test_the_watch_follows_the_board_actor_through_a_restart(monkeypatch: pytest
     monkeypatch.setattr(request_router, "get_board", lambda: handle)
 
     async def main() -> None:
-        router = make()
-        task = asyncio.ensure_future(router._watch())
+        router = make()  # made on a running loop, as Serve makes it: its watch starts at once
         await asyncio.sleep(0.1)
         assert sorted(router.boards) == ["a"]
         actor.version = 2  # restarted, with b's report
         await asyncio.sleep(0.1)
-        task.cancel()
         assert sorted(router.boards) == ["b"]
+        router._watching.cancel()
 
     asyncio.run(main())
     assert actor.asked[0] == 0 and 5 in actor.asked and 0 in actor.asked[actor.asked.index(5) :]

@@ -1,0 +1,56 @@
+"""The phase-aware router on a live deployment (``tests/e2e/routing.yaml``, port 18300).
+
+Two replicas of the tiny model in EB publish their phase boards to the board actor; the ingress's router
+(``ebplus.deploy.request_router.BoardRouter``, Serve's ``request_router_config``) reads them and picks by the
+phase policy. Checked here: every request is served and the router decides from boards, not from the
+fallback; and the board actor killed under load (Ray restarts it) fails no request, routing falls back to
+power of two choices meanwhile and the boards are back well within 30 s. How much the router changes
+latency is a benchmark's question (``benchmarks/routing_bench.py``), not a test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+import harness as rel
+from harness.load import run_load
+from harness.routing import ROUTING_CONFIG, router_view, scenario_board_loss, wait_boards
+
+pytestmark = [pytest.mark.e2e]
+
+ADMIN_TOKEN = "routing-admin-token-3f7a"
+REPLICAS = 2
+
+
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rel.Deployment]:
+    with rel.deployed(ROUTING_CONFIG, tmp_path_factory.mktemp("routing") / "serve.log", ADMIN_TOKEN) as dep:
+        yield dep
+
+
+@pytest.mark.timeout(300)
+def test_requests_are_routed_by_the_replicas_phase_boards(routed: rel.Deployment) -> None:
+    before = wait_boards(routed, REPLICAS)
+    result = asyncio.run(run_load(routed, requests=48, concurrency=8, max_tokens=32))
+    assert result.failed == [], result.summary()
+    view = router_view(routed)
+    print(f"\nrouting: {view}")
+    assert view["policy"] == "phase"
+    decided = view["decisions"] - before["decisions"]
+    assert decided >= 48  # one at least per request (Ray asks again if a replica is full)
+    assert view["fallbacks"] == before["fallbacks"]  # fresh boards throughout: the policy chose every time
+    assert {b["mode"] for b in view["boards"].values()} == {"eb"}
+    assert view["decision_us"]["n"] >= decided
+
+
+@pytest.mark.timeout(420)
+def test_losing_the_board_actor_under_load_fails_no_request(routed: rel.Deployment) -> None:
+    with rel.Cluster(routed) as cluster:
+        out = scenario_board_loss(routed, cluster, REPLICAS)
+    print(f"\nboard loss: {out}")
+    assert out["failed"] == 0, out["load"]
+    assert out["fallbacks_during_outage"] > 0  # the router noticed, and Ray's own policy served meanwhile
+    assert out["seconds_until_boards_back"] < 30
