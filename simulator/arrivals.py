@@ -86,6 +86,8 @@ class Arrivals:
             if ph.offsets_s is not None:
                 offs = ph.offsets_s
                 hi = ph.start + int(np.searchsorted(offs, now - t0, side="right"))
+                if hi == self.next < ph.stop and t0 + float(offs[self.next - ph.start]) <= now:
+                    hi += 1  # the one next_time() named: (t0 + offset) - t0 can round below the offset
                 stop = min(ph.stop, hi)
                 if stop <= self.next:
                     break

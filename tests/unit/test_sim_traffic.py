@@ -165,3 +165,21 @@ def test_drain_reports_running_requests(n: int) -> None:
     if n > RUNNING_SAMPLE:
         assert max(r.running_total for r in busy) > RUNNING_SAMPLE
     assert any(r.age > 0 for rep in busy for r in rep.running)
+
+
+def test_an_arrival_is_issued_at_the_time_next_time_names_it() -> None:
+    """(t0 + offset) - t0 can round below the offset: the request next_time() names must still arrive then,
+    or a simulator that advances to that time and polls finds nothing and polls again, for ever."""
+    from ebplus.simulator.arrivals import Arrivals
+
+    t0, offset = 13.436424411240122, 8.474337369372327
+    assert (t0 + offset) - t0 < offset  # the rounding this guards against
+    phases = (
+        wl.ArrivalPhase(0, 1, None, np.array([t0]), "a"),
+        wl.ArrivalPhase(1, 2, None, np.array([offset]), "b"),
+    )
+    reqs = wl.Requests(np.array([8, 8]), np.array([4, 4]), np.zeros(2, bool), phases, False, "x")
+    arrivals = Arrivals(reqs)
+    assert arrivals.poll(t0) == [0]
+    at = arrivals.next_time()
+    assert at == t0 + offset and arrivals.poll(at) == [1]
