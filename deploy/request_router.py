@@ -43,18 +43,30 @@ logger = logging.getLogger("ray.serve.ebplus")
 #: A report read this long after a request was routed counts it (the request has reached the engine).
 LEASE_TRANSIT_S = 0.05
 #: Pulls of the board per publishing interval at most: the replicas' reports arrive spread over an interval
-#: (the long poll answers at the first), so a board is at most a fifth of an interval older than its report.
-PULLS_PER_INTERVAL = 5
+#: (the long poll answers at the first), so a board is at most half an interval older than its report. Each
+#: pull costs the board actor and this process an actor call: on the CPU test bed, where the engines share
+#: two cores with everything else, five a 50 ms interval measurably slowed the engines.
+PULLS_PER_INTERVAL = 2
 #: Decision times kept for the percentiles ``/admin/routing`` reports.
 TIMINGS = 10_000
 
 
 @dataclass
 class Board:
-    """A replica's board as this router holds it: its last report and the requests routed there since."""
+    """A replica's board as this router holds it: its last report and the requests routed there since.
+
+    The :class:`PhaseBoard` the policy reads is built once per change (a report, a lease, new hints), not per
+    decision: a decision reads every candidate's board, and the policy caches what it derives on the board.
+    """
 
     report: PhaseReport
     leases: dict[str, float]  # internal request id -> when it was routed
+    view: PhaseBoard | None = None
+
+    def board(self, hints: RoutingHints, replica_id: str) -> PhaseBoard:
+        if self.view is None:
+            self.view = PhaseBoard.of(self.report, hints, replica_id, len(self.leases))
+        return self.view
 
 
 class BoardRouter(FIFOMixin, RequestRouter):
@@ -65,7 +77,7 @@ class BoardRouter(FIFOMixin, RequestRouter):
     publishing interval).
     """
 
-    def initialize_state(self, policy: str = "phase", stale_s: float = 2.0, interval_s: float = 0.05) -> None:
+    def initialize_state(self, policy: str = "phase", stale_s: float = 2.0, interval_s: float = 0.1) -> None:
         self.policy_name = policy
         self.policy = make_router(policy, seed=random.randrange(2**31), stale_s=math.inf)
         self.stale_s = stale_s
@@ -117,7 +129,7 @@ class BoardRouter(FIFOMixin, RequestRouter):
             board = self.boards.get(rid)
             if board is None or now - board.report.read_at > self.stale_s:
                 return None
-            boards.append(PhaseBoard.of(board.report, self.hints, rid, len(board.leases)))
+            boards.append(board.board(self.hints, rid))
         return boards
 
     # -- leases ---------------------------------------------------------------
@@ -126,11 +138,12 @@ class BoardRouter(FIFOMixin, RequestRouter):
         board = self.boards.get(replica_id.unique_id)
         if board is not None:
             board.leases[pending_request.metadata.internal_request_id] = time.time()
+            board.view = None
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         board = self.boards.get(replica_id.unique_id)
-        if board is not None:
-            board.leases.pop(internal_request_id, None)
+        if board is not None and board.leases.pop(internal_request_id, None) is not None:
+            board.view = None
 
     # -- the board channel ----------------------------------------------------
 
@@ -146,15 +159,20 @@ class BoardRouter(FIFOMixin, RequestRouter):
             if board is None:
                 self.boards[rid] = Board(report, {})
                 continue
-            board.report = report
             counted = report.read_at - LEASE_TRANSIT_S  # routed before this: the report counts it
+            board.report, board.view = report, None
             board.leases = {req: at for req, at in board.leases.items() if at > counted}
         for rid in set(self.boards) - set(present):
             del self.boards[rid]
         try:
-            self.hints = decode(hints, RoutingHints)
+            fresh = decode(hints, RoutingHints)
         except WireError:
             self.refused += 1
+            return
+        if fresh != self.hints:
+            self.hints = fresh
+            for board in self.boards.values():
+                board.view = None
 
     async def _watch(self) -> None:
         """Pull the board actor's newer reports, at most once an interval, until the router goes away."""
@@ -196,7 +214,7 @@ class BoardRouter(FIFOMixin, RequestRouter):
 
         boards = {}
         for rid, board in self.boards.items():
-            b = PhaseBoard.of(board.report, self.hints, rid, len(board.leases))
+            b = board.board(self.hints, rid)
             boards[rid] = {
                 "mode": b.mode.value,
                 "prefilling": b.prefilling,

@@ -151,6 +151,12 @@ class SchedulerSection(_Section):
         return ThresholdUpdate(mode=self.mode, k=k, n=n, version=0, active=active)
 
 
+#: Ray Serve's request router for the board-reading policies (a path, so this module imports no Ray).
+BOARD_ROUTER = "ebplus.deploy.request_router:BoardRouter"
+#: Ray Serve's autoscaling policy for ``policy-first``.
+POLICY_FIRST = "ebplus.deploy.autoscaling:PolicyFirst"
+
+
 class AutoscalingSection(_Section):
     """Ray Serve's replica autoscaling (its ``autoscaling_config``), for the model replicas.
 
@@ -181,6 +187,20 @@ class AutoscalingSection(_Section):
     look_back_period_s: float | None = Field(None, gt=0, description="Window the load is averaged over (Serve: 30).")
     upscaling_factor: float | None = Field(None, gt=0, description="Multiplies each scale-up step (Serve: 1).")
     downscaling_factor: float | None = Field(None, gt=0, description="Multiplies each scale-down step (Serve: 1).")
+    policy: Literal["default", "policy-first"] = Field(
+        "default",
+        description=(
+            "default: Serve's own, ongoing requests per replica against target_ongoing_requests; policy-first: "
+            "replicas only when no mode, k or N on today's replicas meets the controller's latency targets at the "
+            "demand it measures (ebplus.controller.scaling), asking the controller without waiting on it."
+        ),
+    )
+    utilization: float = Field(
+        0.8, gt=0, le=1, description="policy-first: the share of their best capacity replicas may run at."
+    )
+    scale_down_below: float = Field(
+        0.7, gt=0, lt=1, description="policy-first: remove replicas while the demand stays under this share of what one fewer affords."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSection:
@@ -191,9 +211,15 @@ class AutoscalingSection(_Section):
             raise ValueError(f"initial_replicas ({initial}) must lie in [min_replicas, max_replicas]")
         return self
 
-    def serve_config(self) -> dict[str, Any]:
-        """Serve's ``autoscaling_config``: the fields set here (Serve's defaults for the rest)."""
-        return self.model_dump(exclude_none=True)
+    def serve_config(self, model: str) -> dict[str, Any]:
+        """Serve's ``autoscaling_config`` for ``model``'s replicas: the fields set here (Serve's defaults for the
+        rest), and policy-first as Serve's custom policy (a path, so this module imports no Ray)."""
+        ours = {"policy", "utilization", "scale_down_below"}
+        config = self.model_dump(exclude_none=True, exclude=ours)
+        if self.policy == "policy-first":
+            kwargs = {"model": model, "utilization": self.utilization, "down": self.scale_down_below}
+            config["policy"] = {"policy_function": POLICY_FIRST, "policy_kwargs": kwargs}
+        return config
 
 
 class TelemetrySamplingSection(_Section):
@@ -214,10 +240,6 @@ class TelemetrySamplingSection(_Section):
         return Sampling(requests=self.requests, steps=self.steps)
 
 
-#: Ray Serve's request router for the board-reading policies (a path, so this module imports no Ray).
-BOARD_ROUTER = "ebplus.deploy.request_router:BoardRouter"
-
-
 class RoutingSection(_Section):
     """Which replica a request goes to (:mod:`ebplus.deploy.routing`; docs/benchmarks/fleet.md).
 
@@ -235,7 +257,13 @@ class RoutingSection(_Section):
         ),
     )
     board_interval_s: float = Field(
-        0.05, gt=0, le=5, description="How often a replica publishes its phase board (phase and least-loaded)."
+        0.1,
+        gt=0,
+        le=5,
+        description=(
+            "How often a replica publishes its phase board (phase and least-loaded): an engine-core call and an "
+            "actor call each time, so shorter is fresher and costs more CPU beside the engine."
+        ),
     )
     stale_s: float = Field(
         2.0,
@@ -387,8 +415,8 @@ class ReplicaSection(_Section):
         """How often a replica sends a heartbeat on a quiet answer stream (see ``stall_timeout_s``)."""
         return self.stall_timeout_s / 5
 
-    def deployment_options(self) -> dict[str, Any]:
-        """The Serve deployment options of the replicas (Ray Serve LLM's ``deployment_config``)."""
+    def deployment_options(self, model: str = "") -> dict[str, Any]:
+        """The Serve deployment options of ``model``'s replicas (Ray Serve LLM's ``deployment_config``)."""
         options: dict[str, Any] = {
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": self.max_queued_requests,
@@ -402,5 +430,5 @@ class ReplicaSection(_Section):
         if self.autoscaling is None:
             options["num_replicas"] = self.num_replicas
         else:
-            options["autoscaling_config"] = self.autoscaling.serve_config()
+            options["autoscaling_config"] = self.autoscaling.serve_config(model)
         return options

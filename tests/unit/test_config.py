@@ -50,7 +50,7 @@ def test_local_is_the_cpu_default() -> None:
         ({"replicas": {"telemetry_sampling": {"steps": 1.5}}}, "replicas.telemetry_sampling.steps: Input should be"),
         ({"http": {"proxy_location": "Everywhere"}}, "http.proxy_location: Input should be 'EveryNode'"),
         ({"replicas": {"routing": {"router": "p2c"}}}, "replicas.routing.router: Input should be 'default'"),
-        ({"replicas": {"routing": {"stale_s": 0.05}}}, "stale_s (0.05) must exceed two board intervals (0.1)"),
+        ({"replicas": {"routing": {"stale_s": 0.15}}}, "stale_s (0.15) must exceed two board intervals (0.2)"),
     ],
 )
 def test_invalid_configs_name_the_field(data: dict, needle: str) -> None:
@@ -124,7 +124,7 @@ def test_telemetry_sampling_reaches_the_pump_as_a_sampling() -> None:
 @pytest.mark.parametrize("router", ["default", "least-loaded", "phase"])
 def test_the_routing_section_picks_serves_request_router(router: str) -> None:
     """Ray's own router by default; a board router (by its import path, with the policy's settings) otherwise."""
-    cfg = parse_config({"replicas": {"routing": {"router": router, "board_interval_s": 0.1}}}, "x.yaml")
+    cfg = parse_config({"replicas": {"routing": {"router": router, "board_interval_s": 0.25}}}, "x.yaml")
     options = cfg.replicas.deployment_options()
     if router == "default":
         assert "request_router_config" not in options and not cfg.replicas.routing.uses_board
@@ -135,7 +135,7 @@ def test_the_routing_section_picks_serves_request_router(router: str) -> None:
 
     config = RequestRouterConfig(**options["request_router_config"])
     assert config.get_request_router_class() is BoardRouter
-    assert config.request_router_kwargs == {"policy": router, "stale_s": 2.0, "interval_s": 0.1}
+    assert config.request_router_kwargs == {"policy": router, "stale_s": 2.0, "interval_s": 0.25}
 
 
 @pytest.mark.parametrize(

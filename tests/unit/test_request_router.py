@@ -72,6 +72,10 @@ def test_it_asks_the_policy_with_the_boards_the_replicas_published() -> None:
     assert router.decisions == 1 and router.fallbacks == 0
     view = router.view()
     assert view["boards"]["b"]["prefilling"] and view["decision_us"]["n"] == 1 and view["decision_us"]["p99"] > 0
+    # the boards are built once per change: new hints reach the next decision's boards
+    assert router.boards["a"].board(router.hints, "a").prefill_s_per_token == 2e-5
+    router.take(2, {}, list(reports), encode(RoutingHints(p0=0.01, beta_p={"a": 5e-5})))
+    assert router.boards["a"].board(router.hints, "a").prefill_s_per_token == 5e-5
 
 
 def test_requests_it_sent_count_until_a_report_counts_them_or_they_complete() -> None:
