@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ebplus-installed
 CONFIG ?= deploy/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit vllm-venv vllm-ci-venv test-vllm test-vllm-ci lint docs serve models bench-sim bench-fleet bench-controller gpu-probe clean
+.PHONY: install test test-unit vllm-venv vllm-ci-venv test-vllm test-vllm-ci lint docs serve models bench-sim bench-fleet bench-routing bench-autoscaling bench-controller gpu-probe clean
 
 install: $(STAMP)
 
@@ -92,6 +92,14 @@ bench-sim: install
 # the routers of deploy/routing.py in front of simulated fleets; ARGS: a smaller grid (see --help)
 bench-fleet: install
 	$(PY) -m benchmarks.fleet_bench $(ARGS)
+
+# the phase-aware router against Ray Serve's default on a real deployment (two CPU replicas, ~25 min); ARGS: see --help
+bench-routing: install models
+	$(PY) -m benchmarks.routing_bench $(ARGS)
+
+# policy-first autoscaling against Serve's default in the fleet simulator; ARGS: see --help
+bench-autoscaling: install
+	$(PY) -m benchmarks.autoscaling_bench $(ARGS)
 
 # BASELINE=path/to/python: also measure that interpreter's ebplus (an older checkout), run by run
 bench-controller: install

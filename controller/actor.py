@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
+import math
 import os
 import sys
 import time
+from collections import deque
 from typing import Any
 
-from ebplus.controller import lifecycle, persistence, views
+from ebplus.controller import lifecycle, persistence, scaling, views
 from ebplus.controller.client import ControllerUnavailable
 from ebplus.controller.config import HEAD_NODE_RESOURCE, ControllerConfig
 from ebplus.controller.fleet import FleetController
@@ -56,6 +59,10 @@ NAMESPACE = "ebplus"
 #: and Prometheus, dashboards and scripts together may ask for one many times a second. Four a second at most,
 #: and what a read shows (counters, last_seen, applied versions) is at most this old.
 SNAPSHOT_TTL_S = 0.25
+#: Scaling decisions kept for ``/admin/history``.
+SCALING_HISTORY = 200
+#: Policy-first autoscaling re-plans the fleet at most this often when the policy is the lever.
+SCALING_REPLAN_S = 10.0
 
 logger = logging.getLogger("ebplus.controller")
 
@@ -139,6 +146,9 @@ class ControllerActor:
         self._dirty = False
         self._persisted_version = self.fleet.version
         self.persist_error: str | None = None  # why the last write failed, until one succeeds
+        #: policy-first autoscaling's decisions (``/admin/history``), and when one last re-planned the fleet
+        self.scaling_history: deque[scaling.ScalingDecision] = deque(maxlen=SCALING_HISTORY)
+        self._scaling_replan_at = -math.inf
         self._housekeeping: asyncio.Task | None = None
         self.worker = FleetWorker(lambda: self.fleet, self._persist_changed)
         self._view: FleetSnapshot | None = None
@@ -308,6 +318,25 @@ class ControllerActor:
         text = snap.model_copy(update={"controller": info}).model_dump_json()
         self._snapshot_json = (self._stamp(), text)
         return text
+
+    async def scaling(self, model: str, replicas: int, utilization: float, down: float) -> str:
+        """Policy-first autoscaling's question (:mod:`ebplus.deploy.autoscaling`): how many replicas ``model``
+        needs with ``replicas`` running (:func:`ebplus.controller.scaling.decide`, as JSON). When the policy is
+        the lever the fleet is re-planned now, not at its next ``update_every`` completions (at most every
+        :data:`SCALING_REPLAN_S`): the answer does not wait for that."""
+        async with self.worker.lock:
+            caps = scaling.capacities(self.fleet, model)
+        decision = scaling.decide(caps, replicas, utilization=utilization, down=down, model=model, at=time.time())
+        self.scaling_history.append(decision)
+        if decision.action == "policy" and time.monotonic() - self._scaling_replan_at > SCALING_REPLAN_S:
+            self._scaling_replan_at = time.monotonic()
+            self.worker.replan_soon("scaling")
+        return json.dumps(decision.as_dict())
+
+    async def scaling_decisions(self, limit: int | None = None) -> str:
+        """The newest ``limit`` scaling decisions, oldest first, as JSON."""
+        items = list(self.scaling_history)
+        return json.dumps([d.as_dict() for d in (items[-limit:] if limit else items)])
 
     async def routing_hints(self) -> bytes:
         """:class:`~ebplus.controller.messages.RoutingHints` (wire bytes): what the routers' boards take from the

@@ -24,12 +24,14 @@ from ebplus.controller.messages import (
     decode,
     encode,
 )
+from ebplus.controller.scaling import ScalingDecision
 from ebplus.controller.views import ClearResult, Decision, FleetSnapshot, OverrideResult, Ping, RecomputeResult
 
 #: Seconds an operator-facing call may take (the admin API answers 503 after it).
 CALL_TIMEOUT_S = 5.0
 
 _DECISIONS = TypeAdapter(list[Decision])
+_SCALING = TypeAdapter(list[ScalingDecision])
 
 
 class ControllerUnavailable(Exception):
@@ -96,6 +98,10 @@ class ControllerClient:
 
     async def history(self, limit: int | None = None) -> list[Decision]:
         return _DECISIONS.validate_json(await self._call("history", limit))
+
+    async def scaling_decisions(self, limit: int | None = None) -> list[ScalingDecision]:
+        """Policy-first autoscaling's newest decisions, oldest first."""
+        return _SCALING.validate_json(await self._call("scaling_decisions", limit))
 
     async def set_override(self, replica: str, **fields: Any) -> OverrideResult:
         return OverrideResult.model_validate_json(await self._call("set_override", replica, **fields))

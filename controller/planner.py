@@ -103,6 +103,9 @@ class ThresholdPlanner:
         self.config = config or PlannerConfig()
         self.state = state or PlannerState()
         self.last: Plan | None = None
+        #: the newest plan's judgement that had one (a plan below ``min_concurrency`` judges nothing): what the
+        #: replicas' capacities are read from for scaling (:mod:`ebplus.controller.scaling`)
+        self.judged: Judgement | None = None
 
     def cold_update(self, mode: Mode, version: int = 0) -> ThresholdUpdate:
         """Thresholds before any estimate: ``theta_cold`` of ``max_num_seqs``."""
@@ -171,6 +174,7 @@ class ThresholdPlanner:
             **vars(th), active=active, switched=switched, crossover=xo, reason=reason, kv_scale=st.kv_scale,
             sizing=sizing, judgement=judgement, k_choice=k_choice,
         )  # fmt: skip
+        self.judged = judgement or self.judged
         return self.last
 
     def _explain(self, estimate: Estimate, th: Sizing, kv_tokens: float, n_prev: int | None, settled: bool) -> str:

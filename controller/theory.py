@@ -361,6 +361,20 @@ def _prefill_steps(tokens: float, budget: float | None) -> int:
     return 1 if budget is None or tokens <= budget else math.ceil(tokens / budget)
 
 
+def _eb_inputs(
+    alpha_p: float, alpha_d: float, beta_p: float, beta_d: float, mu_l: float, mu_o: float
+) -> tuple[float, float, float, float, float, float]:
+    """The cost model's and the workload's arguments of :func:`tp_eb`, checked (in this order)."""
+    return (
+        _positive("alpha_p", alpha_p),
+        _positive("alpha_d", alpha_d),
+        _non_negative("beta_p", beta_p),
+        _non_negative("beta_d", beta_d),
+        _positive("mu_l", mu_l),
+        _positive("mu_o", mu_o),
+    )
+
+
 def tp_eb(
     k: int,
     n: int,
@@ -390,12 +404,7 @@ def tp_eb(
     k = int_at_least("k", k, 1)
     if k >= n:
         raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
-    alpha_p = _positive("alpha_p", alpha_p)
-    alpha_d = _positive("alpha_d", alpha_d)
-    beta_p = _non_negative("beta_p", beta_p)
-    beta_d = _non_negative("beta_d", beta_d)
-    mu_l = _positive("mu_l", mu_l)
-    mu_o = _positive("mu_o", mu_o)
+    alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o = _eb_inputs(alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o)
     if budget is None:
         mu_d, prefill = mu_o, alpha_p + cycle_s
     else:
@@ -431,12 +440,7 @@ def tp_eb_many(
             if k >= n:
                 raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}], got {k}")
             checked.append(k)
-    alpha_p = _positive("alpha_p", alpha_p)
-    alpha_d = _positive("alpha_d", alpha_d)
-    beta_p = _non_negative("beta_p", beta_p)
-    beta_d = _non_negative("beta_d", beta_d)
-    mu_l = _positive("mu_l", mu_l)
-    mu_o = _positive("mu_o", mu_o)
+    alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o = _eb_inputs(alpha_p, alpha_d, beta_p, beta_d, mu_l, mu_o)
     # Per threshold: mu_d = mu_o unchunked (budget None), else mu_o - 1 (at least 1e-9); steps = 1 when the k
     # prompts fit the budget, else ceil(k mu_L / budget); then
     #   fixed = steps * alpha_p + cycle_s - alpha_d * mu_d * log1p(-k/n)

@@ -37,6 +37,7 @@ from ebplus.controller import exporter
 from ebplus.controller.client import ControllerClient, ControllerUnavailable
 from ebplus.controller.estimator import Estimate
 from ebplus.controller.overrides import Override
+from ebplus.controller.scaling import ScalingDecision
 from ebplus.controller.views import ClearResult, Decision, OverrideResult, RecomputeResult, ReplicaView
 from ebplus.deploy import routing as routing_policies
 from ebplus.deploy.auth import Secret, bearer_token
@@ -149,6 +150,13 @@ class EstimatesResponse(BaseModel):
 
 class HistoryResponse(BaseModel):
     decisions: list[Decision] = Field(description="The newest decisions, oldest first.")
+    scaling: list[ScalingDecision] = Field(
+        default_factory=list,
+        description=(
+            "Policy-first autoscaling's newest decisions, oldest first: the replicas running and asked for, the "
+            "action (up, down, hold, policy), the demand and capacities (tokens/s) and why."
+        ),
+    )
 
 
 class HealthResponse(BaseModel):
@@ -234,8 +242,9 @@ async def estimates(service: Reader) -> EstimatesResponse:
 
 @router.get("/admin/history", response_model=HistoryResponse, tags=["admin"])
 async def history(service: Reader, limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> HistoryResponse:
-    """The newest decisions (inputs -> outputs), oldest first."""
-    return HistoryResponse(decisions=await service.call(lambda c: c.history(limit)))
+    """The newest decisions (inputs -> outputs), oldest first; and the autoscaling policy's."""
+    decisions = await service.call(lambda c: c.history(limit))
+    return HistoryResponse(decisions=decisions, scaling=await service.call(lambda c: c.scaling_decisions(limit)))
 
 
 @router.put("/admin/overrides", response_model=OverrideResult, tags=["admin"])

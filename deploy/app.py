@@ -91,7 +91,7 @@ def llm_config(cfg: ServeConfig, model_source: str) -> Any:
     kwargs: dict[str, Any] = {
         "model_loading_config": {"model_id": cfg.model.id, "model_source": model_source},
         "engine_kwargs": engine_kwargs(cfg),
-        "deployment_config": rep.deployment_options(),
+        "deployment_config": rep.deployment_options(cfg.model.id),
         "runtime_env": {**rep.runtime_env, "env_vars": {**rep.runtime_env.get("env_vars", {}), **engine_env(cfg)}},
         "log_engine_metrics": True,
     }

@@ -24,6 +24,7 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from ebplus.deploy.routing import PhaseAware, PhaseBoard, Router
 from ebplus.simulator.result import SimResult, result_of
 from ebplus.simulator.sim import SimConfig, Simulator
 from ebplus.simulator.workloads import Requests
+
+if TYPE_CHECKING:
+    from ebplus.simulator.autoscaling import Autoscaler
 
 
 @dataclass
@@ -46,6 +50,7 @@ class FleetResult:
     windows: int  # EB prefill windows opened, all replicas
     windows_short: int  # of those, closed having admitted fewer than k (seats left empty)
     fallbacks: int = 0  # decisions the phase router left to power of two choices (stale boards)
+    scaling: dict | None = None  # the autoscaler's replica-seconds and scale events (Autoscaler.report)
 
     def as_json(self) -> dict:
         """``SimResult.as_json``'s keys for the fleet, plus ``replicas``, ``router``, ``occupancy_*``,
@@ -63,6 +68,8 @@ class FleetResult:
             windows_short_share=self.windows_short / self.windows if self.windows else None,
             router_fallbacks=self.fallbacks,
         )
+        if self.scaling is not None:
+            out.update(self.scaling)
         return out
 
 
@@ -76,6 +83,7 @@ class FleetSimulator:
         config: SimConfig,
         replicas: int,
         router: Router,
+        scaler: Autoscaler | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {replicas}")
@@ -87,6 +95,10 @@ class FleetSimulator:
             for i in range(1, replicas)
         ]
         self.router = router
+        self.scaler = scaler
+        self.profiles, self.config = list(profiles), config
+        #: the replicas the router may choose (started and not draining), by index into ``replicas``
+        self.serving = list(range(replicas))
         self.requests = requests
         self.arrivals = first.arrivals
         self.controller = first.controller
@@ -101,6 +113,8 @@ class FleetSimulator:
         self._windows = 0
         self._short = 0  # windows that admitted fewer than k
         self._window_start: list[tuple[int, int] | None] = [None] * replicas  # (admitted before it, its k)
+        self._queued = [False] * replicas  # whether a replica has a step in ``_busy``
+        self._busy: list[tuple[float, int]] = []  # (when its next step starts, replica) of replicas with work
         self._boards = _Boards(self)
 
     def board(self, sim: Simulator) -> PhaseBoard:
@@ -126,16 +140,43 @@ class FleetSimulator:
             published_s=self.now,
         )
 
-    def _route(self, rid: int, busy: list[tuple[float, int]], queued: list[bool]) -> None:
-        i = self.router.choose(self._boards, self.now)
+    def _route(self, rid: int) -> None:
+        i = self.serving[self.router.choose(self._boards, self.now)]
         self._boards.changed(i)
         sim = self.replicas[i]
         sim.waiting.append(rid)
         self._routed[i] += 1
-        if not queued[i]:  # it was idle: its next step starts now
+        if not self._queued[i]:  # it was idle: its next step starts now
             sim.now = max(sim.now, self.now)
-            heapq.heappush(busy, (sim.now, i))
-            queued[i] = True
+            heapq.heappush(self._busy, (sim.now, i))
+            self._queued[i] = True
+
+    def add_replica(self) -> None:
+        """A new replica, serving from now (an autoscaler's, once its start-up is over)."""
+        i = len(self.replicas)
+        sim = Simulator(self.profiles[i % len(self.profiles)], self.requests, self.config, replica_id=f"sim-{i}",
+                        peer=self.replicas[0], start_s=self.now)  # fmt: skip
+        self.replicas.append(sim)
+        for per_replica, value in ((self._occupied, 0.0), (self._routed, 0), (self._window_start, None), (self._queued, False)):
+            per_replica.append(value)  # type: ignore[attr-defined]
+        self._serve([*self.serving, i])
+
+    def drain_replica(self, i: int) -> None:
+        """Route nothing more to replica ``i``; it leaves (:meth:`_left`) once it has served what it holds."""
+        self._serve([j for j in self.serving if j != i])
+        if not self._queued[i]:
+            self._left(i)
+
+    def _serve(self, serving: list[int]) -> None:
+        self.serving = serving
+        if isinstance(self.router, PhaseAware):  # the window it fills is by position among the served
+            self.router.filling = None
+
+    def _left(self, i: int) -> None:
+        if self.controller is not None:
+            self.controller.forget(self.replicas[i].replica_id)
+        if self.scaler is not None:
+            self.scaler.changed(self)
 
     def run(self) -> FleetResult:
         """Serve every request; returns the fleet's result.
@@ -145,28 +186,32 @@ class FleetSimulator:
         one ends first; at a tie in that order, as one replica's run sees them.
         """
         total = len(self.requests)
-        busy: list[tuple[float, int]] = []  # (when its next step starts, replica) of replicas with work
+        busy = self._busy
         ended: list[tuple[float, int]] = []  # (when a step ended, its completions) not yet seen by the clients
-        queued = [False] * len(self.replicas)
         finished = 0
         while finished < total:
             nxt = self.arrivals.next_time()
             start = busy[0][0] if busy else math.inf
-            if ended and ended[0][0] <= min(start, math.inf if nxt is None else nxt):
+            arrival = math.inf if nxt is None else nxt
+            if self.scaler is not None and self.scaler.next_tick <= min(start, arrival, ended[0][0] if ended else math.inf):
+                self.now = max(self.now, self.scaler.next_tick)
+                self.scaler.tick(self)
+                continue
+            if ended and ended[0][0] <= min(start, arrival):
                 t, completions = heapq.heappop(ended)
                 self.now = max(self.now, t)
                 self.arrivals.inflight -= completions
-                self._route_all(self.arrivals.poll(self.now), busy, queued)
+                self._route_all(self.arrivals.poll(self.now))
                 continue
             if nxt is not None and nxt <= start:
                 self.now = max(self.now, nxt)
-                self._route_all(self.arrivals.poll(self.now), busy, queued)
+                self._route_all(self.arrivals.poll(self.now))
                 continue
             if not busy:  # nothing running or ending: a saturated phase issues at once
                 issued = self.arrivals.poll(self.now)
                 if not issued:
                     raise RuntimeError("fleet simulator stalled: nothing running, queued or arriving")
-                self._route_all(issued, busy, queued)
+                self._route_all(issued)
                 continue
             _, i = heapq.heappop(busy)
             sim = self.replicas[i]
@@ -182,15 +227,17 @@ class FleetSimulator:
             if sim.m or sim.waiting:
                 heapq.heappush(busy, (sim.now, i))
             else:
-                queued[i] = False
+                self._queued[i] = False
+                if i not in self.serving:  # a drained replica: nothing left to serve
+                    self._left(i)
         for sim in self.replicas:
             self._current = sim
             sim.flush_telemetry()
         return self._result()
 
-    def _route_all(self, rids: list[int], busy: list[tuple[float, int]], queued: list[bool]) -> None:
+    def _route_all(self, rids: list[int]) -> None:
         for rid in rids:
-            self._route(rid, busy, queued)
+            self._route(rid)
 
     def _step(self, i: int, sim: Simulator) -> None:
         before, phases = sim.now, sim.machine.stats.prefill_phases
@@ -211,7 +258,10 @@ class FleetSimulator:
         span = fleet.sim_seconds or 1.0
         occupancy = [occ / span / s.machine.thresholds.n for occ, s in zip(self._occupied, self.replicas, strict=True)]
         fallbacks = self.router.fallbacks if isinstance(self.router, PhaseAware) else 0
-        return FleetResult(fleet, self.router.name, occupancy, list(self._routed), self._windows, self._short, fallbacks)
+        scaling = None if self.scaler is None else self.scaler.report(self.now)
+        return FleetResult(
+            fleet, self.router.name, occupancy, list(self._routed), self._windows, self._short, fallbacks, scaling
+        )
 
 
 class _Boards(Sequence[PhaseBoard]):
@@ -220,26 +270,32 @@ class _Boards(Sequence[PhaseBoard]):
 
     def __init__(self, fleet: FleetSimulator) -> None:
         self.fleet = fleet
-        self._cache: list[PhaseBoard | None] = [None] * len(fleet.replicas)
+        self._cache: dict[int, PhaseBoard] = {}  # by replica index
 
     def changed(self, i: int) -> None:
-        self._cache[i] = None
+        self._cache.pop(i, None)
 
     def __len__(self) -> int:
-        return len(self._cache)
+        return len(self.fleet.serving)
 
     def __iter__(self) -> Iterator[PhaseBoard]:
-        return (self[i] for i in range(len(self._cache)))
+        return (self[j] for j in range(len(self)))
 
-    def __getitem__(self, i: int) -> PhaseBoard:  # type: ignore[override]
-        board = self._cache[i]
+    def __getitem__(self, j: int) -> PhaseBoard:  # type: ignore[override]
+        i = self.fleet.serving[j]  # the j-th replica the router may choose
+        board = self._cache.get(i)
         if board is None:
             board = self._cache[i] = self.fleet.board(self.fleet.replicas[i])
         return board
 
 
 def simulate_fleet(
-    profiles: Sequence[HardwareProfile], requests: Requests, config: SimConfig, replicas: int, router: Router
+    profiles: Sequence[HardwareProfile],
+    requests: Requests,
+    config: SimConfig,
+    replicas: int,
+    router: Router,
+    scaler: Autoscaler | None = None,
 ) -> FleetResult:
-    """Run one fleet simulation (see :class:`FleetSimulator`)."""
-    return FleetSimulator(profiles, requests, config, replicas, router).run()
+    """Run one fleet simulation (see :class:`FleetSimulator`; ``scaler``: replicas added and removed as it says)."""
+    return FleetSimulator(profiles, requests, config, replicas, router, scaler).run()

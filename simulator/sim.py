@@ -139,10 +139,11 @@ class Simulator:
 
     def __init__(
         self, profile: HardwareProfile, requests: Requests, config: SimConfig, *, replica_id: str = REPLICA_ID,
-        peer: Simulator | None = None,
+        peer: Simulator | None = None, start_s: float = 0.0,
     ) -> None:  # fmt: skip
         """``peer``: another replica of the same fleet (:mod:`ebplus.simulator.fleet`): this one shares its
-        requests' arrays, arrival process and controller, and is fed by a router instead of polling arrivals."""
+        requests' arrays, arrival process and controller, and is fed by a router instead of polling arrivals.
+        ``start_s``: when it starts serving (a replica an autoscaler added)."""
         self.replica_id = replica_id
         self.profile = SimProfile.of(profile)
         self.cost = profile.cost_model()
@@ -185,7 +186,7 @@ class Simulator:
         self.used = 0  # KV tokens held, in whole blocks
         self.waiting: deque[int] = deque()
         self.arrivals = Arrivals(requests) if peer is None else peer.arrivals
-        self.now = 0.0
+        self.now = start_s
         self.finished = 0
         self._stalled = 0  # steps in a row that computed nothing
         self._since_push = 0  # steps since the last telemetry push

@@ -135,13 +135,17 @@ def test_the_watch_follows_the_board_actor_through_a_restart(monkeypatch: pytest
     handle = SimpleNamespace(watch=SimpleNamespace(remote=watch))
     monkeypatch.setattr(request_router, "get_board", lambda: handle)
 
+    async def until(check, timeout_s: float = 10.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not check():
+            assert asyncio.get_running_loop().time() < deadline, "the watch did not catch up"
+            await asyncio.sleep(0.01)
+
     async def main() -> None:
         router = make()  # made on a running loop, as Serve makes it: its watch starts at once
-        await asyncio.sleep(0.1)
-        assert sorted(router.boards) == ["a"]
+        await until(lambda: sorted(router.boards) == ["a"])
         actor.version = 2  # restarted, with b's report
-        await asyncio.sleep(0.1)
-        assert sorted(router.boards) == ["b"]
+        await until(lambda: sorted(router.boards) == ["b"])
         router._watching.cancel()
 
     asyncio.run(main())
