@@ -42,7 +42,8 @@ WORKLOADS = ("paper", "capped-uniform")
 REPLICAS = (4, 16, 64)
 LOADS = (0.5, 0.8, 0.95)
 ARRIVALS = {"poisson": None, "bursty": 2.0}
-POLICIES = ("eb", "eb+")
+POLICIES = ("eb", "eb+")  # the default grid; "mb" fleets are run on their own (--policies mb)
+POLICY_CHOICES = (*POLICIES, "mb")
 SEEDS = (3, 4, 5)
 REQUESTS_PER_REPLICA = 800  # 64 replicas: 51,200 requests a cell
 SATURATED_REQUESTS = 3000
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", nargs="+", type=int, default=list(REPLICAS), metavar="R")
     parser.add_argument("--loads", nargs="+", type=float, default=list(LOADS), metavar="SHARE")
     parser.add_argument("--arrivals", nargs="+", choices=list(ARRIVALS), default=list(ARRIVALS))
-    parser.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES))
+    parser.add_argument("--policies", nargs="+", choices=list(POLICY_CHOICES), default=list(POLICIES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), metavar="SEED")
     args = parser.parse_args(argv)
     cells = grid(args)
