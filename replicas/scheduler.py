@@ -149,6 +149,7 @@ class EBPlusScheduler(Scheduler):
             prefilling=prefilling,
             waiting=waiting,
             head_fits=self._head_fits() if waiting and running else True,
+            now=time.time(),  # the stagger's slots are set on the wall clock the fleet's hosts share
         )
         plan = self.machine.decide(view)
         visible = _visible(running, plan, prefilling)
