@@ -310,6 +310,14 @@ class ControllerConfig(BaseModel):
             "its last plan (None: only every update_every completions)."
         ),
     )
+    stagger: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "Offset the EB replicas' prefill windows so that they open in turn (controller/stagger.py): "
+            "'on' whenever two replicas or more run EB, 'off' never, 'auto' where the fleet benchmark "
+            "found it helps (docs/benchmarks/fleet.md)."
+        ),
+    )
     planner: PlannerConfig = Field(default_factory=PlannerConfig, description="The EB+ decision's tuning.")
     # -- the actor around the loop (ignored by an in-process FleetController)
     state_dir: str | None = Field(
