@@ -309,6 +309,7 @@ class EngineStats(Message, frozen=True, omit_defaults=True):
     preemptions: Count = 0
     phase_switches: Count = 0
     kv_backoffs: Count = 0
+    stagger_windows: Count = 0  # EB windows the stagger's timer opened
     schedule_seconds: Total = 0.0  # inside schedule(), vLLM's code included
     overhead_seconds: Total = 0.0  # EB+'s own code in the scheduler
 

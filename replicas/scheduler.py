@@ -329,7 +329,11 @@ class EBPlusScheduler(Scheduler):
             running=self._running_sample(),
             running_total=len(self.running),
             waiting_total=self.layout.waiting(self),
-            counters={"phase_switches": ps.phase_switches, "kv_backoffs": ps.kv_backoffs},
+            counters={
+                "phase_switches": ps.phase_switches,
+                "kv_backoffs": ps.kv_backoffs,
+                "stagger_windows": ps.stagger_windows,
+            },
         )
         return encode(report)
 
