@@ -10,11 +10,12 @@ opens a window at its slots whenever a request is admissible, so the fleet opens
 phase's fixed cost for fewer seats, which the throughput of an EB replica at high load feels.
 
 The rule (:func:`decide`) is pure (no vLLM or Ray import) so tests and the simulator call it as the
-controller does. ``off`` and fleets with fewer than two EB replicas (a single replica, all-MB or
-mostly-MB EB+ fleets) get no stagger: with one replica there is nothing to offset, and an MB replica
-has no windows. ``on`` staggers every eligible fleet. ``auto`` (the default) follows what the fleet
-benchmark measured (``benchmarks/stagger_bench.py``, ``docs/benchmarks/fleet.md``): see
-:data:`AUTO_ON`.
+controller does. ``off``, and fleets with fewer than two EB replicas (a single replica, all-MB fleets,
+EB+ fleets while their replicas run MB), get no stagger: with one replica there is nothing to offset,
+and an MB replica has no windows. Otherwise (``on``, the default) every EB replica is staggered once
+the controller has a workload estimate to price the cycle with. The fleet benchmark
+(``benchmarks/stagger_bench.py``, ``docs/benchmarks/fleet.md``) found no cell where that raised TTFT
+p50 or p99, and one of 64 where it cost throughput (3 %).
 """
 
 from __future__ import annotations
@@ -30,12 +31,7 @@ if TYPE_CHECKING:
     from ebplus.controller.cost_model import CostModel
     from ebplus.controller.estimator import Estimate
 
-Setting = Literal["auto", "on", "off"]
-
-#: Whether ``auto`` staggers an eligible fleet. The fleet benchmark found no cell where staggering
-#: lowered TTFT p99 beyond the seeds' spread without a cost elsewhere (see ``docs/benchmarks/fleet.md``),
-#: so ``auto`` leaves it off; ``on`` remains for operators who measure otherwise.
-AUTO_ON = False
+Setting = Literal["on", "off"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +80,10 @@ def decide(setting: Setting, eb: Sequence[EbReplica], replicas: int) -> StaggerD
     cycles = [r.cycle_s for r in eb if math.isfinite(r.cycle_s)]
     if not cycles:
         return StaggerDecision(False, "no window cycle estimated yet")
-    if setting == "auto" and not AUTO_ON:
-        return StaggerDecision(False, "auto: the fleet benchmark found no cell where it helps")
     period = float(sorted(cycles)[len(cycles) // 2])  # the median replica's cycle (upper median)
     ordered = sorted(r.replica_id for r in eb)
     phases = {rid: i / len(ordered) for i, rid in enumerate(ordered)}
-    return StaggerDecision(True, f"{setting}: {len(eb)} EB replicas, period {period:.3f} s", period, phases)
+    return StaggerDecision(True, f"{len(eb)} of {replicas} replicas in EB, period {period:.3f} s", period, phases)
 
 
 def of_fleet(

@@ -116,12 +116,14 @@ def test_off_for_one_replica_or_none_in_eb() -> None:
     assert not decide("on", [eb("a")], replicas=4).on  # one EB replica among MB ones
 
 
-def test_off_when_configured_or_auto() -> None:
-    fleet = [eb("a"), eb("b")]
-    assert not decide("off", fleet, 2).on
-    auto = decide("auto", fleet, 2)
-    assert not auto.on and "benchmark" in auto.reason
-    assert auto.phase_of("a") is None
+def test_off_when_configured() -> None:
+    off = decide("off", [eb("a"), eb("b")], 2)
+    assert not off.on and "configured" in off.reason
+    assert off.phase_of("a") is None
+
+
+def test_no_cycle_no_stagger() -> None:
+    assert not decide("on", [eb("a", running=0), eb("b", running=0)], 2).on
 
 
 def test_on_spreads_phases_in_id_order_over_the_median_cycle() -> None:

@@ -61,8 +61,8 @@ def test_on_is_in_the_thresholds_view_and_the_metrics() -> None:
     assert g[("ebplus_stagger_period_seconds", "r0")] == snap.stagger.period_s
 
 
-def test_auto_single_replica_and_mb_fleets_are_not_staggered() -> None:
-    for fc in (fleet("auto"), fleet("on", replicas=1), fleet("on", mode=Mode.MB), fleet("off")):
+def test_off_single_replica_and_mb_fleets_are_not_staggered() -> None:
+    for fc in (fleet("on", replicas=1), fleet("on", mode=Mode.MB), fleet("off")):
         snap = fc.snapshot()
         assert snap.stagger is not None and not snap.stagger.on and snap.stagger.reason
         assert all(r.stagger_period_s == 0.0 for r in snap.replicas.values())
@@ -83,7 +83,7 @@ def run(setting: str) -> FleetSimulator:
 
 
 def test_the_fleet_simulator_runs_the_controllers_stagger() -> None:
-    on, off = run("on"), run("auto")
+    on, off = run("on"), run("off")
     assert sum(s.machine.stats.stagger_windows for s in on.replicas) > 0
     assert sum(s.machine.stats.stagger_windows for s in off.replicas) == 0
     phases = sorted(s.machine.thresholds.stagger_phase for s in on.replicas)
