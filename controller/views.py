@@ -21,6 +21,7 @@ from ebplus.controller.evidence import Judgement, ModeWork
 from ebplus.controller.messages import Mode, RoutingHints, StepKind, ThresholdUpdate
 from ebplus.controller.overrides import Override
 from ebplus.controller.planner import Plan
+from ebplus.controller.stagger import StaggerDecision
 from ebplus.controller.stats import Histogram
 from ebplus.controller.theory import Crossover
 
@@ -143,6 +144,15 @@ class StaggerView(_View):
     reason: str = Field(description="Why it is on or off.")
     period_s: float = Field(0.0, description="The common period of the timed windows (0: off).")
     phases: dict[str, float] = Field(default_factory=dict, description="Each staggered replica's phase in [0, 1).")
+
+    @classmethod
+    def of(cls, decision: StaggerDecision) -> StaggerView:
+        phases = dict(decision.phases or {}) if decision.on else {}
+        return cls(on=decision.on, reason=decision.reason, period_s=decision.period_s, phases=phases)
+
+    def decision(self) -> StaggerDecision:
+        """The decision this view shows (a persisted one read back)."""
+        return StaggerDecision(self.on, self.reason, self.period_s, dict(self.phases) if self.on else None)
 
 
 class FleetSnapshot(_View):
@@ -279,12 +289,7 @@ def snapshot(fleet: FleetController) -> FleetSnapshot:
         last_update_seconds=fleet.last_update_seconds,
         update_seconds=fleet.update_seconds,
         replicas={rid: replica_view(fleet, r) for rid, r in fleet.replicas.items()},
-        stagger=StaggerView(
-            on=fleet.stagger.on,
-            reason=fleet.stagger.reason,
-            period_s=fleet.stagger.period_s,
-            phases=dict(fleet.stagger.phases or {}) if fleet.stagger.on else {},
-        ),
+        stagger=StaggerView.of(fleet.stagger),
     )
 
 
