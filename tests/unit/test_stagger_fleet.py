@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 from factories import batch, registration
@@ -89,3 +92,12 @@ def test_the_fleet_simulator_runs_the_controllers_stagger() -> None:
     phases = sorted(s.machine.thresholds.stagger_phase for s in on.replicas)
     assert phases == [0.0, 0.25, 0.5, 0.75]
     assert sum(s.finished for s in on.replicas) == 1600  # every request served once
+
+
+def test_the_command_line_turns_the_stagger_off() -> None:
+    args = ["--profile", "h200", "--workload", "paper", "--policy", "eb", "--rate", "150", "--requests", "1600",
+            "--replicas", "4", "--seed", "3", "--json"]  # fmt: skip
+    on, off = (subprocess.run([sys.executable, "-m", "ebplus.cli", "sim", "run", *args, "--stagger", s],
+                              capture_output=True, text=True) for s in ("on", "off"))  # fmt: skip
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    assert json.loads(on.stdout)["windows_opened"] > json.loads(off.stdout)["windows_opened"]  # the timed windows
