@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from factories import batch, registration
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -101,3 +102,18 @@ def test_the_command_line_turns_the_stagger_off() -> None:
                               capture_output=True, text=True) for s in ("on", "off"))  # fmt: skip
     assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
     assert json.loads(on.stdout)["windows_opened"] > json.loads(off.stdout)["windows_opened"]  # the timed windows
+
+
+def test_the_decode_jump_stops_at_the_slots() -> None:
+    """Runs of identical decode steps are advanced at once; a staggered slot inside one must still open its
+    window on time, so the run matches the one stepped singly (to float rounding, as without the stagger)."""
+    reqs = build_requests(load_source("paper"), seed=3, requests=1200, rate=150.0)
+    runs = []
+    for jump in (True, False):
+        config = SimConfig(policy=Policy.EB, n=256, jump=jump, controller=ControllerConfig(stagger="on"))
+        sim = FleetSimulator([resolve_profile("h200")], reqs, config, 4, make_router("default", 3, stale_s=math.inf))
+        runs.append((sim.run().as_json(), sum(s.machine.stats.stagger_windows for s in sim.replicas)))
+    (jumped, timed), (stepped, timed_stepped) = runs
+    assert timed == timed_stepped > 0 and jumped["windows_opened"] == stepped["windows_opened"]
+    for key in ("ttft_p50_s", "ttft_p99_s", "tok_per_s"):
+        assert jumped[key] == pytest.approx(stepped[key], rel=1e-9)
