@@ -1,8 +1,7 @@
 """Staggered prefill windows: whether the controller offsets its EB replicas' windows, and by how much.
 
 Under EB a request that reaches a decoding replica waits for that replica's next prefill window.
-Left alone, ``R`` replicas open windows at independent random times, so the gap until *some* window
-opens is as uneven as one replica's. Staggering gives every EB replica a common period ``P`` (one
+Left alone, ``R`` replicas open windows at times nothing keeps apart. Staggering gives every EB replica a common period ``P`` (one
 replica's window cycle: the time ``k`` of its ``m`` running requests take to finish, ``k * mu_o /
 m`` decode steps) and its own phase ``i / R``; the phase machine (``replicas/phases.py``) then also
 opens a window at its slots whenever a request is admissible, so the fleet opens one about every
