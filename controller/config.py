@@ -310,6 +310,14 @@ class ControllerConfig(BaseModel):
             "its last plan (None: only every update_every completions)."
         ),
     )
+    stagger: Literal["on", "off"] = Field(
+        "on",
+        description=(
+            "Offset the EB replicas' prefill windows so that they open in turn (controller/stagger.py): "
+            "'on' whenever two replicas or more run EB (a single replica or an all-MB fleet is never "
+            "staggered), 'off' never. The fleet benchmark: docs/benchmarks/fleet.md#staggered-windows."
+        ),
+    )
     planner: PlannerConfig = Field(default_factory=PlannerConfig, description="The EB+ decision's tuning.")
     # -- the actor around the loop (ignored by an in-process FleetController)
     state_dir: str | None = Field(

@@ -87,11 +87,14 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ebplus_mode_switches_total", "counter", R, "Changes of the active policy (EB<->MB)."),
     MetricSpec("ebplus_concurrency_observed", "gauge", R, "EMA of running + waiting requests."),
     MetricSpec("ebplus_kv_capacity_tokens", "gauge", R, "KV cache capacity reported by the replica (tokens)."),
+    MetricSpec("ebplus_stagger_period_seconds", "gauge", R, "Period of the replica's staggered prefill windows (0: not staggered)."),
+    MetricSpec("ebplus_stagger_phase", "gauge", R, "Where in that period the replica's staggered windows fall, in [0, 1)."),
     # per replica: the engine
     MetricSpec("ebplus_phase_switches_total", "counter", R, "Switches between prefill and decode phases."),
     MetricSpec("ebplus_steps_total", "counter", (*R, "phase"), "Engine steps by phase (prefill|decode|mixed|idle)."),
     MetricSpec("ebplus_preemptions_total", "counter", R, "Requests preempted for KV space (recomputed)."),
     MetricSpec("ebplus_kv_backoffs_total", "counter", R, "Prefill phases ended early for lack of KV blocks."),
+    MetricSpec("ebplus_stagger_windows_total", "counter", R, "EB prefill windows the stagger's timer opened (below k)."),
     MetricSpec("ebplus_step_seconds", "histogram", (*R, "kind"), "Engine step time by kind (prefill|decode|mixed)."),
     MetricSpec("ebplus_cost_alpha_seconds", "gauge", (*R, "kind"), "Fitted fixed step cost alpha by step kind."),
     MetricSpec("ebplus_cost_beta_seconds_per_token", "gauge", (*R, "kind"), "Fitted per-token cost beta (prefill, decode), s/token."),
@@ -111,6 +114,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ebplus_telemetry_rejected_total", "counter", ("reason",), "Telemetry records rejected, by reason."),
     MetricSpec("ebplus_overrides_active", "gauge", (), "Operator overrides in force."),
     MetricSpec("ebplus_replicas", "gauge", (), "Replicas known to the controller."),
+    MetricSpec("ebplus_stagger_on", "gauge", (), "1 while the controller staggers the EB replicas' prefill windows."),
     MetricSpec("ebplus_controller_up", "gauge", (), "1 if the controller answered this scrape."),
 )  # fmt: skip
 
@@ -192,10 +196,13 @@ def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
         put("ebplus_mode_switches_total", lab, r.mode_switches)
         put("ebplus_concurrency_observed", lab, r.concurrency)
         put("ebplus_kv_capacity_tokens", lab, r.kv_capacity_tokens)
+        put("ebplus_stagger_period_seconds", lab, r.stagger_period_s)
+        put("ebplus_stagger_phase", lab, r.stagger_phase)
         stats = r.engine_stats
         put("ebplus_phase_switches_total", lab, stats.get("phase_switches", 0))
         put("ebplus_preemptions_total", lab, stats.get("preemptions", 0))
         put("ebplus_kv_backoffs_total", lab, stats.get("kv_backoffs", 0))
+        put("ebplus_stagger_windows_total", lab, stats.get("stagger_windows", 0))
         for phase in StepKind:
             put("ebplus_steps_total", [*lab, phase.value], stats.get(f"steps_{phase.value}", 0))
         for kind, h in r.step_seconds.items():
@@ -227,6 +234,7 @@ def families(snapshot: FleetSnapshot | None, model: str) -> Iterator[Metric]:
         put("ebplus_telemetry_rejected_total", [reason], snapshot.rejected.get(reason, 0))
     put("ebplus_overrides_active", [], len(snapshot.overrides))
     put("ebplus_replicas", [], len(snapshot.replicas))
+    put("ebplus_stagger_on", [], None if snapshot.stagger is None else float(snapshot.stagger.on))
     yield from fam.values()
     for old, new in RENAMED.items():
         yield _copy(fam[new], SPECS[old])

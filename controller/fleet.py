@@ -29,7 +29,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ebplus.controller import persistence, replica_work, views
+from ebplus.controller import persistence, replica_work, stagger, views
 from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_fit import CostFit, CostModelFitter
 from ebplus.controller.cost_model import CostModel
@@ -138,6 +138,7 @@ class FleetController:
         self.last_update_seconds = 0.0
         self.plan_errors = 0  # re-plans of a replica that raised (see recompute)
         self.update_seconds = Histogram(UPDATE_SECONDS_BUCKETS)
+        self.stagger = stagger.OFF  # offsets of the EB replicas' prefill windows
         #: persisted replica state awaiting re-registration (a resumed or forgetful controller)
         self.saved: dict[str, persistence.SavedReplica] = {}
         self._registrations = 0
@@ -441,6 +442,7 @@ class FleetController:
                     self.plan_errors += 1
             plans.append(plan)
         self.version += 1
+        self.stagger = self._stagger(estimate)
         for replica, plan in zip(replicas, plans, strict=True):
             self._publish(replica, cause, estimate, plan)
         self.last_update_seconds = time.perf_counter() - started
@@ -496,7 +498,19 @@ class FleetController:
             )
         )
 
+    def _stagger(self, estimate: Estimate | None) -> stagger.StaggerDecision:
+        """The stagger for the replicas' new plans (see :func:`ebplus.controller.stagger.decide`)."""
+        fleet = [(r.replica_id, self._unstaggered(r), r.concurrency, r.cost_model) for r in self.replicas.values()]
+        return stagger.of_fleet(self.config.stagger, fleet, estimate)
+
     def _effective(self, replica: ReplicaState) -> ThresholdUpdate:
+        """:meth:`_unstaggered` with this replica's stagger, if the fleet has one and it runs EB."""
+        update = self._unstaggered(replica)
+        phase = self.stagger.phase_of(replica.replica_id)
+        on = phase is not None and update.active is Mode.EB
+        return update.replace(stagger_period_s=self.stagger.period_s, stagger_phase=phase) if on else update
+
+    def _unstaggered(self, replica: ReplicaState) -> ThresholdUpdate:
         """The planner's thresholds with the overrides applied, N held to what this replica can run: an override
         was checked against the replicas of its day, and one registered since may declare fewer slots or less KV
         (N stops at its max_num_seqs and, unless forced, at its KV-safe maximum, as set_override requires)."""

@@ -21,6 +21,7 @@ and the simulator all speak these types.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
@@ -157,6 +158,8 @@ class ThresholdUpdate(Message, frozen=True):
     active: Mode = Mode.MB
     prefill_steps: int = 0  # EB: decode steps are interleaved after this many prefill steps in a row (0: never)
     prefill_tokens: int = 0  # EB: prompt tokens a prefill step may carry (0: the engine's budget)
+    stagger_period_s: float = 0.0  # EB: seconds between this replica's timed windows (0: no stagger)
+    stagger_phase: float = 0.0  # EB: where in that period its windows fall, in [0, 1)
 
     def __post_init__(self) -> None:
         # NOTE: msgspec turns a ValueError here into a ValidationError when decoding.
@@ -174,6 +177,11 @@ class ThresholdUpdate(Message, frozen=True):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        if not (isinstance(self.stagger_period_s, (int, float)) and math.isfinite(self.stagger_period_s)
+                and self.stagger_period_s >= 0):  # fmt: skip
+            raise ValueError(f"stagger_period_s must be a finite number >= 0, got {self.stagger_period_s!r}")
+        if not (isinstance(self.stagger_phase, (int, float)) and 0 <= self.stagger_phase < 1):
+            raise ValueError(f"stagger_phase must be in [0, 1), got {self.stagger_phase!r}")
         if self.active not in (Mode.MB, Mode.EB):
             raise ValueError(f"active must be 'mb' or 'eb', got {self.active.value!r}")
         implied = {Mode.MB: Mode.MB, Mode.EB: Mode.EB, Mode.V0: Mode.EB, Mode.SHADOW: Mode.MB}.get(self.mode)
@@ -301,6 +309,7 @@ class EngineStats(Message, frozen=True, omit_defaults=True):
     preemptions: Count = 0
     phase_switches: Count = 0
     kv_backoffs: Count = 0
+    stagger_windows: Count = 0  # EB windows the stagger's timer opened
     schedule_seconds: Total = 0.0  # inside schedule(), vLLM's code included
     overhead_seconds: Total = 0.0  # EB+'s own code in the scheduler
 

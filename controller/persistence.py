@@ -31,7 +31,7 @@ from ebplus.controller.estimator import EstimatorState
 from ebplus.controller.overrides import Override
 from ebplus.controller.planner import Plan, PlannerState
 from ebplus.controller.stats import UPDATE_SECONDS_BUCKETS, Histogram
-from ebplus.controller.views import Decision, DecisionRecord, Dropped
+from ebplus.controller.views import Decision, DecisionRecord, Dropped, StaggerView
 
 if TYPE_CHECKING:
     from ebplus.controller.fleet import FleetController, ReplicaState
@@ -75,6 +75,7 @@ class ControllerState(_State):
     rejected: dict[str, int] = {}
     plan_errors: int = 0
     update_seconds: Histogram = Histogram(UPDATE_SECONDS_BUCKETS)
+    stagger: StaggerView | None = None  # the last staggered-windows decision (none: a state from before it)
 
 
 def saved_replica(r: ReplicaState) -> SavedReplica:
@@ -104,6 +105,7 @@ def dump(fleet: FleetController) -> ControllerState:
         rejected=dict(fleet.rejected),
         plan_errors=fleet.plan_errors,
         update_seconds=fleet.update_seconds,
+        stagger=StaggerView.of(fleet.stagger),
     )
 
 
@@ -185,3 +187,5 @@ def load(fleet: FleetController, state: ControllerState) -> None:
     fleet.rejected.update(state.rejected)
     fleet.plan_errors = state.plan_errors
     fleet.update_seconds = state.update_seconds
+    if state.stagger is not None:  # a resumed replica is sent its stagger with its plan
+        fleet.stagger = state.stagger.decision()

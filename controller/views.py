@@ -21,6 +21,7 @@ from ebplus.controller.evidence import Judgement, ModeWork
 from ebplus.controller.messages import Mode, RoutingHints, StepKind, ThresholdUpdate
 from ebplus.controller.overrides import Override
 from ebplus.controller.planner import Plan
+from ebplus.controller.stagger import StaggerDecision
 from ebplus.controller.stats import Histogram
 from ebplus.controller.theory import Crossover
 
@@ -45,6 +46,10 @@ class ThresholdsView(_View):
         0, description="EB: a decode step after this many prefill steps in a row (0: unbounded; see planner.slo)."
     )
     prefill_tokens: int = Field(0, description="EB: prompt tokens a prefill step may carry (0: the engine's budget).")
+    stagger_period_s: float = Field(
+        0.0, description="EB: seconds between the replica's timed prefill windows (0: not staggered; see stagger)."
+    )
+    stagger_phase: float = Field(0.0, description="EB: where in that period its windows fall, in [0, 1).")
 
     @classmethod
     def of(cls, update: ThresholdUpdate) -> ThresholdsView:
@@ -56,6 +61,8 @@ class ThresholdsView(_View):
             version=update.version,
             prefill_steps=update.prefill_steps,
             prefill_tokens=update.prefill_tokens,
+            stagger_period_s=update.stagger_period_s,
+            stagger_phase=update.stagger_phase,
         )
 
     def message(self) -> ThresholdUpdate:
@@ -130,6 +137,24 @@ class ControllerInfo(_View):
     persist_error: str | None = Field(None, description="Why the state could not be persisted, while it cannot.")
 
 
+class StaggerView(_View):
+    """The controller's staggered-windows decision (``controller/stagger.py``)."""
+
+    on: bool = Field(description="Whether the EB replicas' prefill windows are offset against each other.")
+    reason: str = Field(description="Why it is on or off.")
+    period_s: float = Field(0.0, description="The common period of the timed windows (0: off).")
+    phases: dict[str, float] = Field(default_factory=dict, description="Each staggered replica's phase in [0, 1).")
+
+    @classmethod
+    def of(cls, decision: StaggerDecision) -> StaggerView:
+        phases = dict(decision.phases or {}) if decision.on else {}
+        return cls(on=decision.on, reason=decision.reason, period_s=decision.period_s, phases=phases)
+
+    def decision(self) -> StaggerDecision:
+        """The decision this view shows (a persisted one read back)."""
+        return StaggerDecision(self.on, self.reason, self.period_s, dict(self.phases) if self.on else None)
+
+
 class FleetSnapshot(_View):
     """One consistent view of the whole controller."""
 
@@ -146,6 +171,7 @@ class FleetSnapshot(_View):
     update_seconds: Histogram
     replicas: dict[str, ReplicaView]
     controller: ControllerInfo | None = None
+    stagger: StaggerView | None = Field(None, description="Staggered prefill windows (null: a controller without).")
 
 
 class Decision(_View):
@@ -263,6 +289,7 @@ def snapshot(fleet: FleetController) -> FleetSnapshot:
         last_update_seconds=fleet.last_update_seconds,
         update_seconds=fleet.update_seconds,
         replicas={rid: replica_view(fleet, r) for rid, r in fleet.replicas.items()},
+        stagger=StaggerView.of(fleet.stagger),
     )
 
 

@@ -38,7 +38,7 @@ from ebplus.controller.client import ControllerClient, ControllerUnavailable
 from ebplus.controller.estimator import Estimate
 from ebplus.controller.overrides import Override
 from ebplus.controller.scaling import ScalingDecision
-from ebplus.controller.views import ClearResult, Decision, OverrideResult, RecomputeResult, ReplicaView
+from ebplus.controller.views import ClearResult, Decision, OverrideResult, RecomputeResult, ReplicaView, StaggerView
 from ebplus.deploy import routing as routing_policies
 from ebplus.deploy.auth import Secret, bearer_token
 
@@ -125,6 +125,9 @@ class ThresholdsResponse(BaseModel):
     version: int = Field(description="The controller's current decision version.")
     replicas: dict[str, ReplicaView] = Field(description="Per replica: thresholds, their inputs and the engine.")
     overrides: dict[str, Override] = Field(description="Operator overrides in force, by replica id or '*'.")
+    stagger: StaggerView | None = Field(
+        None, description="Whether the EB replicas' prefill windows are staggered, why, and the period and phases."
+    )
 
 
 class FleetEstimate(BaseModel):
@@ -216,7 +219,9 @@ router = APIRouter(route_class=AdminRoute)
 async def thresholds(service: Reader) -> ThresholdsResponse:
     """Current thresholds of every replica, and the overrides in force."""
     snap = await service.call(lambda c: c.snapshot())
-    return ThresholdsResponse(version=snap.version, replicas=snap.replicas, overrides=snap.overrides)
+    return ThresholdsResponse(
+        version=snap.version, replicas=snap.replicas, overrides=snap.overrides, stagger=snap.stagger
+    )
 
 
 @router.get("/admin/estimates", response_model=EstimatesResponse, tags=["admin"])

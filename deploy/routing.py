@@ -52,6 +52,8 @@ class PhaseBoard:
         decode_step_s: seconds of its last decode step.
         departure_p: the chance a running request finishes in one decode step (the controller's ``p0``).
         prefill_s_per_token: seconds one queued prompt token costs (the cost model's ``beta_p``).
+        slot_s: under a staggered EB, when its timer next opens a window for a waiting request
+            (``PhaseMachine.next_slot``; ``inf``: no stagger, or a deployment's report, which does not carry it).
     """
 
     mode: Mode
@@ -68,6 +70,7 @@ class PhaseBoard:
     departure_p: float
     prefill_s_per_token: float
     published_s: float
+    slot_s: float = math.inf
 
     @classmethod
     def of(cls, report: PhaseReport, hints: RoutingHints, replica_id: str, leased: int = 0) -> PhaseBoard:
@@ -153,15 +156,16 @@ def admission_eta(board: PhaseBoard, now: float, arrival_rate: float = 0.0) -> f
     """Seconds from ``now`` until a request routed to ``board`` now starts its prefill.
 
     The current step's end; then its seat (departures, :func:`departures_needed`) and, under EB while
-    decoding, its window: the sooner of ``k`` departures since the last one and a queue of ``k``, which
+    decoding, its window: the soonest of ``k`` departures since the last one, a queue of ``k``, which
     the requests that follow fill at ``arrival_rate`` (requests/s the router places: a router that
-    keeps sending here books the window full); then the prompt tokens queued before it.
+    keeps sending here books the window full), and a staggered window's slot; then the prompt tokens
+    queued before it.
     """
     seat_s, freed_s, short, queue_s, prefill_s = board.waits
     window = 0.0
     if freed_s or short or queue_s:
         fill_s = 0.0 if not short else (short / arrival_rate if arrival_rate > 0 else math.inf)
-        window = min(freed_s, max(fill_s, queue_s))
+        window = min(freed_s, max(fill_s, queue_s), max(0.0, board.slot_s - board.step_end_s))
     return max(0.0, board.step_end_s - now) + max(seat_s, window) + prefill_s
 
 

@@ -31,6 +31,11 @@ Policies:
   its next token; with ``prefill_tokens = T > 0`` each prefill step carries at
   most ``T`` prompt tokens (a smaller step budget). The decode step is an ordinary
   one and chunking does not change what is computed: outputs do not change.
+  With ``stagger_period_s = P > 0`` (the controller's stagger, ``controller/stagger.py``) a window
+  also opens, with any number of admissible requests, at the first step on or after each time
+  ``(j + stagger_phase) * P`` on the fleet's shared clock (``EngineView.now``) unless one opened
+  since then: replicas given phases ``i / R`` take turns, so some replica opens a window every
+  ``P / R`` seconds while requests wait, instead of all of them at random times.
 * ``V0``: EB with ``k = 1`` (prefill-first).
 * ``AUTO`` (EB+): ``EB`` or ``MB`` as the controller chose (``ThresholdUpdate.active``);
   ``SHADOW`` always runs ``MB`` (the controller's choice is only published).
@@ -52,6 +57,7 @@ Without either, a prefill phase under KV pressure alternates with empty steps.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ebplus.controller.messages import Mode, StepKind, ThresholdUpdate
@@ -67,12 +73,15 @@ class EngineView:
         waiting: queued requests not holding a slot (preempted ones included).
         head_fits: whether the KV cache can take the next waiting request now;
             ``True`` when unknown (the reactive back-off still applies).
+        now: seconds on a clock the replicas of a fleet share (the simulator's time, the
+            scheduler's wall clock); ``None``: no clock, so no timed (staggered) windows.
     """
 
     running: int
     prefilling: int
     waiting: int
     head_fits: bool = True
+    now: float | None = None
 
     @property
     def decoding(self) -> int:
@@ -106,6 +115,7 @@ class PhaseStats:
     phase_switches: int = 0
     prefill_phases: int = 0
     kv_backoffs: int = 0
+    stagger_windows: int = 0  # windows opened by the stagger's timer rather than by k
 
 
 class PhaseMachine:
@@ -123,6 +133,7 @@ class PhaseMachine:
         self._last: StepPlan | None = None
         self._refilled_to: int | None = None  # running count when the last EB prefill phase ended
         self._prefill_run = 0  # prefill steps in a row in the current phase (the prefill_steps bound)
+        self._opened_at = -math.inf  # clock time the last EB window opened (the stagger's slots count from it)
 
     def apply(self, update: ThresholdUpdate) -> None:
         """Install new thresholds; they govern the next :meth:`decide`."""
@@ -167,6 +178,25 @@ class PhaseMachine:
         than ``k`` waiting requests open a window too. Routers read it off a replica's phase board."""
         return 0 if self._refilled_to is None else self._refilled_to - running
 
+    def last_slot(self, now: float) -> float | None:
+        """The latest stagger slot at or before ``now`` (``None``: no stagger)."""
+        period, phase = self.thresholds.stagger_period_s, self.thresholds.stagger_phase
+        if period <= 0:
+            return None
+        return (math.floor(now / period - phase) + phase) * period
+
+    def next_slot(self, now: float) -> float | None:
+        """When the stagger's timer next opens a window if requests wait (``None``: no stagger). The
+        simulator stops a run of identical decode steps there; routers may book it."""
+        last = self.last_slot(now)
+        if last is None:
+            return None
+        return now if last > self._opened_at else last + self.thresholds.stagger_period_s
+
+    def _slot_due(self, view: EngineView) -> bool:
+        last = None if view.now is None else self.last_slot(view.now)
+        return last is not None and last > self._opened_at
+
     def _exclusive(self, view: EngineView, room: int, blocked: bool, th: ThresholdUpdate) -> StepPlan:
         k, bound = th.effective_k, th.prefill_steps
         admissible = 0 if blocked else min(view.waiting, room)
@@ -176,9 +206,10 @@ class PhaseMachine:
                 self._switch(StepKind.DECODE)
                 self._refilled_to = view.running
         elif view.prefilling > 0 or admissible >= k or (admissible > 0 and (view.decoding == 0 or freed >= k)):
-            self._switch(StepKind.PREFILL)
-            self.stats.prefill_phases += 1
-            self._prefill_run = 0
+            self._open(view)
+        elif admissible > 0 and self._slot_due(view):
+            self._open(view)
+            self.stats.stagger_windows += 1
         if self.phase is StepKind.PREFILL:
             if 0 < bound <= self._prefill_run and view.decoding > 0:
                 self._prefill_run = 0  # the decoders' token, then the phase goes on
@@ -190,6 +221,13 @@ class PhaseMachine:
         if view.decoding > 0:
             return StepPlan(StepKind.DECODE, decode=True, prefill=False, max_admit=0)
         return StepPlan(StepKind.IDLE, decode=False, prefill=False, max_admit=0)
+
+    def _open(self, view: EngineView) -> None:
+        self._switch(StepKind.PREFILL)
+        self.stats.prefill_phases += 1
+        self._prefill_run = 0
+        if view.now is not None:
+            self._opened_at = view.now
 
     def _switch(self, phase: StepKind) -> None:
         if phase is not self.phase:

@@ -149,6 +149,7 @@ class EBPlusScheduler(Scheduler):
             prefilling=prefilling,
             waiting=waiting,
             head_fits=self._head_fits() if waiting and running else True,
+            now=time.time(),  # the stagger's slots are set on the wall clock the fleet's hosts share
         )
         plan = self.machine.decide(view)
         visible = _visible(running, plan, prefilling)
@@ -328,7 +329,11 @@ class EBPlusScheduler(Scheduler):
             running=self._running_sample(),
             running_total=len(self.running),
             waiting_total=self.layout.waiting(self),
-            counters={"phase_switches": ps.phase_switches, "kv_backoffs": ps.kv_backoffs},
+            counters={
+                "phase_switches": ps.phase_switches,
+                "kv_backoffs": ps.kv_backoffs,
+                "stagger_windows": ps.stagger_windows,
+            },
         )
         return encode(report)
 

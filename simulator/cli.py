@@ -97,12 +97,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the least prompt tokens to prefill plus KV tokens decoding; phase = the replica whose next prefill "
         "window admits the request soonest (ebplus.deploy.routing)",
     )
+    p.add_argument(
+        "--stagger",
+        choices=("on", "off"),
+        default="on",
+        help="with --replicas > 1 and online EB: the controller's staggered prefill windows (controller.stagger; "
+        "default on)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_simulate)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from ebplus.controller.config import ControllerConfig
     from ebplus.controller.cost_model import resolve_profile
     from ebplus.deploy.routing import make_router
     from ebplus.simulator.fleet import simulate_fleet
@@ -117,7 +125,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     source = load_source(args.workload)
     slo = SloTargets(args.slo_ttft, args.slo_itl, args.slo_tpot)
     slo = None if slo == SloTargets() else slo
-    config = SimConfig(policy=Policy(args.policy), k=args.k, n=args.n, budget=args.budget, slo=slo)
+    controller = ControllerConfig(stagger=args.stagger)
+    config = SimConfig(policy=Policy(args.policy), k=args.k, n=args.n, budget=args.budget, slo=slo, controller=controller)
     reqs = build_requests(source, seed=args.seed, requests=args.requests, concurrency=args.concurrency,
                           rate=args.rate, burst_cv=args.burst_cv)  # fmt: skip
     fleet = None

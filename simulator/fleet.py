@@ -138,6 +138,7 @@ class FleetSimulator:
             departure_p=self._prior_p if estimate is None else estimate.p0,
             prefill_s_per_token=sim.cost.beta_p,
             published_s=self.now,
+            slot_s=math.inf if (slot := sim.machine.next_slot(sim.now)) is None else slot,
         )
 
     def _route(self, rid: int) -> None:

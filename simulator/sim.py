@@ -289,7 +289,7 @@ class Simulator:
     # -- engine ---------------------------------------------------------------
 
     def _view(self) -> EngineView:
-        return EngineView(running=self.m, prefilling=self.n_prefilling, waiting=len(self.waiting))
+        return EngineView(running=self.m, prefilling=self.n_prefilling, waiting=len(self.waiting), now=self.now)
 
     def _held(self, tokens: np.ndarray | int) -> np.ndarray | int:
         """KV tokens held for ``tokens`` computed ones: whole blocks."""
@@ -480,6 +480,9 @@ class Simulator:
         else:  # after this step's token, until a block fills no step takes KV
             d = min(d, 1 + int((-(self.kv[: self.m] + 1) % self.block).min()), steps_to_push)
         nxt = self.arrivals.next_time()
+        slot = self.machine.next_slot(self.now) if self.waiting else None  # a staggered window opens then
+        if slot is not None:
+            nxt = slot if nxt is None else min(nxt, slot)
         if nxt is not None and d > 1:
             s0 = self.profile.true_step_seconds(0, n_dec, 0)
             d = min(d, max(1, int((nxt - self.now) / s0)))  # conservative: steps only get longer

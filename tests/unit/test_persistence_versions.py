@@ -97,8 +97,11 @@ def test_the_hand_written_snapshot_resumes_and_is_written_back_the_same() -> Non
     # every field, as the models write it, plus the fields added since, at their defaults
     written = json.loads(fleet.state().model_dump_json())
     assert written["workload"].pop("departed") == []  # the windows of replicas that left (none then)
+    assert written.pop("stagger")["on"] is False  # the staggered-windows decision (none then)
     pins = [*written["overrides"].values(), *(d["override"] for d in written["history"] if d.get("override"))]
     assert pins and all(pin.pop("force") is False for pin in pins)  # overrides remember force (none then)
+    updates = [d["update"] for d in written["history"]]  # decisions remember their stagger (none then)
+    assert all((u.pop("stagger_period_s"), u.pop("stagger_phase")) == (0.0, 0.0) for u in updates)
     assert written == HAND_WRITTEN
     assert set(fleet.saved) == {"rep-a", "rep-b", "rep-c", "rep-d"} and "rep-b" in fleet.overrides.items
     saved = HAND_WRITTEN["replicas"]["rep-c"]["last_plan"]

@@ -169,3 +169,12 @@ def test_a_deployments_board_is_the_engines_report_with_the_controllers_hints() 
     assert (cold.departure_p, cold.prefill_s_per_token, cold.waiting, cold.prefill_tokens) == (1 / 50, 0.0, 3, 90 + 30)
     fresh = PhaseBoard.of(msgspec.structs.replace(report, mean_output=0.0), RoutingHints(), "b")
     assert fresh.departure_p == 0.0 and math.isinf(fresh.per_departure_s)
+
+
+def test_a_staggered_slot_is_booked_when_it_comes_before_the_windows_triggers() -> None:
+    """k = 16 departures take 0.8 s here; a staggered slot 0.3 s after the step ends opens a window sooner,
+    one after them changes nothing, and none (inf, a deployment's board) is the plain rule."""
+    assert admission_eta(board(), now=1.0) == pytest.approx(0.8)
+    assert admission_eta(board(slot_s=1.3), now=1.0) == pytest.approx(0.3)
+    assert admission_eta(board(slot_s=2.5), now=1.0) == pytest.approx(0.8)
+    assert admission_eta(board(slot_s=0.5), now=1.0) == pytest.approx(0.0)  # due: it admits at its next step
