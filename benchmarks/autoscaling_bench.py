@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, name: str, trace: str, seed: int, capacity: fl
     """Both autoscalers on one profile, trace and seed."""
     profile = resolve_profile(name)
     slo = SloConfig(ttft_p99_s=args.ttft_s)
-    controller = ControllerConfig(planner=PlannerConfig(slo=slo))
+    controller = ControllerConfig(planner=PlannerConfig(slo=slo), stagger=args.stagger)
     config = SimConfig(policy=Policy.EBPLUS, controller=controller, slo=SloTargets(ttft_s=args.ttft_s))
     rows = []
     for policy in POLICIES:
@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-s", type=float, default=60.0)
     parser.add_argument("--upscale-delay-s", type=float, default=30.0)
     parser.add_argument("--downscale-delay-s", type=float, default=120.0)
+    parser.add_argument("--stagger", choices=("off", "on"), default="off",
+                        help="the controller's staggered windows (default off, as the published run)")  # fmt: skip
     parser.add_argument("--target-ongoing", type=float, default=256.0,
                         help="the default autoscaler's ongoing requests a replica")  # fmt: skip
     parser.add_argument("--out", default=str(SUMMARY_DIR / "autoscaling.md"))

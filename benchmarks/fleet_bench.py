@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.outputs import SUMMARY_DIR, save_plot, write_summary
+from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_model import resolve_profile
 from ebplus.deploy.routing import ROUTERS, make_router
 from ebplus.simulator.fleet import simulate_fleet
@@ -58,6 +59,7 @@ class Cell:
     arrivals: str
     policy: str
     seed: int
+    stagger: str = "off"
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,8 @@ def run_cell(cell: Cell) -> list[Run]:
         reqs = build_requests(load_source(cell.workload), seed=cell.seed, requests=REQUESTS_PER_REPLICA * cell.replicas,
                               rate=rate, burst_cv=ARRIVALS[cell.arrivals])  # fmt: skip
         started = time.perf_counter()
-        result = simulate_fleet([resolve_profile(cell.profile)], reqs, SimConfig(policy=Policy(cell.policy)),
+        config = SimConfig(policy=Policy(cell.policy), controller=ControllerConfig(stagger=cell.stagger))
+        result = simulate_fleet([resolve_profile(cell.profile)], reqs, config,
                                 cell.replicas, make_router(name, cell.seed, stale_s=math.inf))  # fmt: skip
         data = result.as_json()
         runs.append(Run(cell, name, data["ttft_p50_s"], data["ttft_p99_s"], data["tok_per_s"],
@@ -96,9 +99,9 @@ def run_cell(cell: Cell) -> list[Run]:
 
 def grid(args: argparse.Namespace) -> list[Cell]:
     if args.quick:
-        return [Cell("h200", "paper", 16, load, "poisson", "eb", 3) for load in LOADS]
+        return [Cell("h200", "paper", 16, load, "poisson", "eb", 3, args.stagger) for load in LOADS]
     axes = (args.profiles, args.workloads, args.replicas, args.loads, args.arrivals, args.policies, args.seeds)
-    return [Cell(*c) for c in itertools.product(*axes)]
+    return [Cell(*c, stagger=args.stagger) for c in itertools.product(*axes)]
 
 
 def _med(values: list[float]) -> str:
@@ -178,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arrivals", nargs="+", choices=list(ARRIVALS), default=list(ARRIVALS))
     parser.add_argument("--policies", nargs="+", choices=list(POLICY_CHOICES), default=list(POLICIES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), metavar="SEED")
+    parser.add_argument("--stagger", choices=("off", "on"), default="off",
+                        help="the controller's staggered windows (default off: the routers alone; "
+                        "benchmarks.stagger_bench measures the stagger)")  # fmt: skip
     args = parser.parse_args(argv)
     cells = grid(args)
     print(f"fleet: {len(cells)} cells x {len(ROUTERS)} routers on {args.workers} processes", file=sys.stderr)

@@ -442,7 +442,8 @@ class FleetController:
                     self.plan_errors += 1
             plans.append(plan)
         self.version += 1
-        self.stagger = self._stagger(estimate)
+        fleet = [(r.replica_id, self._unstaggered(r), r.concurrency, r.cost_model) for r in self.replicas.values()]
+        self.stagger = stagger.of_fleet(self.config.stagger, fleet, estimate)
         for replica, plan in zip(replicas, plans, strict=True):
             self._publish(replica, cause, estimate, plan)
         self.last_update_seconds = time.perf_counter() - started
@@ -497,11 +498,6 @@ class FleetController:
                 self.overrides.get(replica.replica_id),
             )
         )
-
-    def _stagger(self, estimate: Estimate | None) -> stagger.StaggerDecision:
-        """The stagger for the replicas' new plans (see :func:`ebplus.controller.stagger.decide`)."""
-        fleet = [(r.replica_id, self._unstaggered(r), r.concurrency, r.cost_model) for r in self.replicas.values()]
-        return stagger.of_fleet(self.config.stagger, fleet, estimate)
 
     def _effective(self, replica: ReplicaState) -> ThresholdUpdate:
         """:meth:`_unstaggered` with this replica's stagger, if the fleet has one and it runs EB."""
