@@ -89,25 +89,44 @@ def hostile_requests(model: str) -> list[tuple[str, str, str, bytes | dict, str 
     ]  # fmt: skip
 
 
+#: ``(case, method, path, body, content_type[, headers])``: ``body`` is JSON (a dict), raw bytes, or a list of
+#: byte chunks (sent chunked, with no Content-Length); ``headers`` are added last (they may replace the credentials)
+Case = tuple
+
+
 def send_hostile(dep: Deployment) -> list[dict]:
     """Send every :func:`hostile_requests` case (with valid credentials); returns status and reason per case."""
+    return send_cases(dep, hostile_requests(dep.model))
+
+
+def send_cases(dep: Deployment, cases: list[Case]) -> list[dict]:
+    """Send each :data:`Case` with the deployment's credentials; status and reason per case (status 0: no HTTP
+    answer, the reason says what happened to the connection)."""
     out = []
     with httpx.Client(base_url=dep.base_url, timeout=120) as client:
-        for case, method, path, body, content_type in hostile_requests(dep.model):
+        for case, method, path, body, content_type, *extra in cases:
             headers = dict(dep.admin_headers if path.startswith("/admin") else dep.api_headers)
-            if isinstance(body, dict):
-                r = client.request(method, path, json=body, headers=headers)
-            else:
-                if content_type:
-                    headers["content-type"] = content_type
-                r = client.request(method, path, content=body, headers=headers)
+            if content_type and not isinstance(body, dict):
+                headers["content-type"] = content_type
+            headers.update(extra[0] if extra else {})
+            kwargs = (
+                {"json": body}
+                if isinstance(body, dict)
+                else {"content": iter(body) if isinstance(body, list) else body}
+            )
+            t0 = time.monotonic()
+            try:
+                r = client.request(method, path, headers=headers, **kwargs)
+                status, reason = r.status_code, error_reason(r)
+            except httpx.HTTPError as exc:
+                status, reason = 0, f"{type(exc).__name__}: {exc}"[:200]
             out.append(
                 {
                     "case": case,
                     "path": path,
-                    "status": r.status_code,
-                    "reason": error_reason(r),
-                    "seconds": round(r.elapsed.total_seconds(), 2),
+                    "status": status,
+                    "reason": reason,
+                    "seconds": round(time.monotonic() - t0, 2),
                 }
             )
     return out
@@ -383,8 +402,9 @@ RAY_LISTENERS = {
 
 
 def ray_listener_kind(process: str) -> str | None:
-    """The :data:`RAY_LISTENERS` entry a listening process is, or ``None`` (not one Ray explains)."""
-    return next((kind for kind in RAY_LISTENERS if kind in process), None)
+    """The :data:`RAY_LISTENERS` entry a listening process is, or ``None`` (not one Ray explains); the most
+    specific one when several match (``ray::DashboardAgent`` is the dashboard agent, not any ``ray::`` worker)."""
+    return max((kind for kind in RAY_LISTENERS if kind in process), key=len, default=None)
 
 
 def listeners(pid: int) -> list[dict]:
