@@ -50,16 +50,17 @@ def engine_wedge(dep: Deployment, cluster: Cluster, wedge_s: float = 10.0, base_
 
 
 def _fill(directory: Path) -> Path:
-    """Fill the file system of ``directory`` until a write fails with ENOSPC; returns the filler file."""
+    """Fill the file system of ``directory`` until a write fails with ENOSPC; returns the filler file (absent if
+    the file system was full already)."""
     filler = directory / "filler"
-    with open(filler, "wb") as fh:
-        try:
+    try:
+        with open(filler, "wb") as fh:
             while True:
                 fh.write(b"\0" * 4096)
                 fh.flush()
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
     return filler
 
 
@@ -67,6 +68,8 @@ def disk_full(dep: Deployment, cluster: Cluster, state_dir: Path, load_s: float 
     """The controller's ``state_dir`` file system filled up under load, then freed: decisions go on and are said
     not persisted (``/admin/recompute`` answers ``persisted: false`` with the reason), and are persisted again
     once space is back."""
+    state = state_dir / STATE_FILE
+    state_bytes = state.stat().st_size if state.exists() else 0
     filler = _fill(state_dir)
     answers: Counter = Counter()
     try:
@@ -78,10 +81,10 @@ def disk_full(dep: Deployment, cluster: Cluster, state_dir: Path, load_s: float 
         answers[full.status_code] += 1
         persist_error = (cluster.snapshot().get("controller") or {}).get("persist_error")
     finally:
-        filler.unlink()
+        filler.unlink(missing_ok=True)
     freed = httpx.post(f"{dep.base_url}/admin/recompute", headers=dep.admin_headers, timeout=60)
     answers[freed.status_code] += 1
-    return {"answers": answers, "lost": len(result.failed), "while_full": _decision(full),
+    return {"answers": answers, "lost": len(result.failed), "state_bytes": state_bytes, "while_full": _decision(full),
             "persist_error": persist_error, "after_freed": _decision(freed)}  # fmt: skip
 
 
@@ -157,7 +160,7 @@ def replica_churn(dep: Deployment, cluster: Cluster, ids: int = 1000, batch: int
 
 
 #: The size of the state_dir file system of the disk-full probe: room for the state, filled on purpose
-TMPFS_KIB = 512
+TMPFS_KIB = 8192
 
 
 @contextlib.contextmanager
