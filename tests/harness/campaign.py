@@ -111,7 +111,10 @@ def measure(name: str, dep: Deployment, cluster: Cluster, probe: Callable[[], di
     seconds = time.monotonic() - t0
     time.sleep(SETTLE_S)  # the clients are gone: what the engines still run now is work for nobody
     left = engine_running(cluster, replicas)
-    answers = {str(k): v for k, v in sorted(Counter(out.pop("answers", {})).items(), key=lambda kv: str(kv[0]))}
+    merged: Counter = Counter()  # status codes may come as ints (httpx) and strings (the load's summary)
+    for key, count in out.pop("answers", {}).items():
+        merged[str(key)] += count
+    answers = dict(sorted(merged.items()))
     control_status = control(dep)
     return {
         "probe": name,

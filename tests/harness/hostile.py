@@ -402,9 +402,13 @@ RAY_LISTENERS = {
 
 
 def ray_listener_kind(process: str) -> str | None:
-    """The :data:`RAY_LISTENERS` entry a listening process is, or ``None`` (not one Ray explains); the most
-    specific one when several match (``ray::DashboardAgent`` is the dashboard agent, not any ``ray::`` worker)."""
-    return max((kind for kind in RAY_LISTENERS if kind in process), key=len, default=None)
+    """The :data:`RAY_LISTENERS` entry a listening process is, or ``None`` (not one Ray explains). A Ray worker
+    (``ray::<name>``) is its named agent when it is one (``ray::DashboardAgent``), else any worker: a Serve
+    replica of the ``ebplus`` application is not the ``ebplus serve`` driver."""
+    if process.startswith("ray::"):
+        name = process[len("ray::") :]
+        return next((kind for kind in RAY_LISTENERS if kind.endswith("Agent") and name.startswith(kind)), "ray::")
+    return next((kind for kind in RAY_LISTENERS if kind != "ray::" and kind in process), None)
 
 
 def listeners(pid: int) -> list[dict]:
