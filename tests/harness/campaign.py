@@ -202,7 +202,7 @@ def malformed_cases(model: str) -> list[Case]:
                          ("Token scheme", "Token abc"), ("8 KiB token", "Bearer " + "k" * 8192), ("two tokens", "Bearer a, Bearer b"),
                          ("non-ASCII token", "Bearer jet\u00e9")):  # fmt: skip
         cases.append((f"authorization: {label}", "POST", "/v1/completions", good, "application/json",
-                      {"authorization": value.encode()}))  # fmt: skip
+                      {"authorization": value}))  # fmt: skip
     cases.append(("a 32 KiB header", "POST", "/v1/completions", good, "application/json", {"x-pad": "p" * 32768}))
     cases.append(
         ("200 headers", "POST", "/v1/completions", good, "application/json", {f"x-h{i}": str(i) for i in range(200)})

@@ -105,10 +105,11 @@ def send_cases(dep: Deployment, cases: list[Case]) -> list[dict]:
     out = []
     with httpx.Client(base_url=dep.base_url, timeout=120) as client:
         for case, method, path, body, content_type, *extra in cases:
-            headers = dict(dep.admin_headers if path.startswith("/admin") else dep.api_headers)
+            headers = httpx.Headers(dep.admin_headers if path.startswith("/admin") else dep.api_headers)
             if content_type and not isinstance(body, dict):
                 headers["content-type"] = content_type
-            headers.update(extra[0] if extra else {})
+            for key, value in (extra[0] if extra else {}).items():
+                headers[key] = value  # replaces, whatever the case: a case's Authorization is the only one sent
             kwargs = (
                 {"json": body}
                 if isinstance(body, dict)
