@@ -101,8 +101,8 @@ bench-routing: install models
 bench-autoscaling: install
 	$(PY) -m benchmarks.autoscaling_bench $(ARGS)
 
-# the hostile-input and fault campaign of issue 23 on one `ebplus serve` (tiny model, two CPU replicas; the
-# disk-full probe mounts an 8 MiB tmpfs, root only); ARGS: --quick (requests only, no faults), see --help
+# the hostile-input and fault campaign of issue 23: `ebplus serve` (tiny model, two CPU replicas; the disk-full
+# probe mounts an 8 MiB tmpfs, root only), then `vllm serve` with the plugins; ARGS: --quick, --modes, see --help
 bench-hostile: install models
 	$(PY) -m benchmarks.hostile_bench $(ARGS)
 

@@ -20,6 +20,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -27,33 +29,37 @@ from harness.cluster import Cluster
 from harness.deployment import Deployment, process_tree
 from harness.hostile import Case, engine_running, send_cases
 
-#: Processes whose memory is the ingress's (Serve's HTTP proxy, the ingress replica, HAProxy when on)
-INGRESS = re.compile(r"ProxyActor|ServeReplica:\S*Ingress|haproxy")
-#: Processes of the head: Ray's GCS and raylet, Serve's controller, EB+'s controller actor
-HEAD = re.compile(r"gcs_server|raylet|ServeController|ebplus-controller|ControllerActor")
+#: The processes whose memory is each role's in ``ebplus serve``: the ingress (Serve's HTTP proxy, the ingress
+#: replica, HAProxy when on) and the head (Ray's GCS and raylet, Serve's controller, EB+'s controller actor)
+SERVE_ROLES = {
+    "ingress": re.compile(r"ProxyActor|ServeReplica:\S*Ingress|haproxy"),
+    "head": re.compile(r"gcs_server|raylet|ServeController|ebplus-controller|ControllerActor"),
+}
+#: The plugin mode has no head: vLLM's API server is the ingress and runs EB+'s controller in-process
+PLUGIN_ROLES = {"ingress": re.compile(r"vllm\.entrypoints\.openai\.api_server|vllm serve")}
 #: Seconds after the clients left at which the engines must run nothing for them (issue 23's target)
 SETTLE_S = 5.0
 MIB = 1 << 20
 
 
 class RssPeaks:
-    """Peak summed RSS of the ingress and head processes of a deployment, sampled on a thread while a probe runs
-    (a peak needs sampling: a reading before and after misses a spike the probe caused and freed)."""
+    """Peak summed RSS of each role's processes (:data:`SERVE_ROLES`) in the process tree of ``pid``, sampled on a
+    thread while a probe runs (a peak needs sampling: a reading before and after misses a spike it freed)."""
 
-    def __init__(self, pid: int, every_s: float = 0.25) -> None:
-        self.pid, self.every_s = pid, every_s
-        self.peaks = {"ingress": 0, "head": 0}
+    def __init__(self, pid: int, roles: dict[str, re.Pattern] = SERVE_ROLES, every_s: float = 0.25) -> None:
+        self.pid, self.roles, self.every_s = pid, roles, every_s
+        self.peaks = dict.fromkeys(roles, 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> None:
         import psutil
 
-        now = {"ingress": 0, "head": 0}
+        now = dict.fromkeys(self.roles, 0)
         for proc in process_tree(self.pid):
             with contextlib.suppress(psutil.Error):
                 line = " ".join(proc.cmdline())
-                for role, pattern in (("ingress", INGRESS), ("head", HEAD)):
+                for role, pattern in self.roles.items():
                     if pattern.search(line):
                         now[role] += proc.memory_info().rss
         for role, rss in now.items():
@@ -77,7 +83,12 @@ class RssPeaks:
         return {role: round(rss / MIB) for role, rss in self.peaks.items()}
 
 
-def control(dep: Deployment) -> int:
+#: What the probes read of a server: ``ebplus serve``'s :class:`Deployment`, or the plugin mode's
+#: :class:`harness.plugin.PluginServer` (base_url, model, api_key, api_headers, admin_headers, pid)
+Target = Any
+
+
+def control(dep: Target) -> int:
     """The status of one ordinary request after a probe (200: nothing the probe did cost the next client)."""
     body = {"model": dep.model, "prompt": "control request", "max_tokens": 4}
     try:
@@ -86,7 +97,7 @@ def control(dep: Deployment) -> int:
         return 0
 
 
-def deciding(dep: Deployment, version_before: int) -> dict:
+def deciding(dep: Target, version_before: int) -> dict:
     """Whether the controller still decides: ``/admin/recompute`` answered with a decision whose version is not below
     the one before the probe (``version_before`` 0 for a controller that restarted cold on purpose)."""
     try:
@@ -100,17 +111,33 @@ def deciding(dep: Deployment, version_before: int) -> dict:
 
 
 def measure(name: str, dep: Deployment, cluster: Cluster, probe: Callable[[], dict], *, injected: bool = False) -> dict:
-    """Run ``probe`` (it returns ``{"answers": Counter-like, ...}`` plus anything it wants kept) under
-    :class:`RssPeaks` and record the campaign's figures for it. ``injected``: a fault probe, whose 5xx are the
-    fault's own (reported, not held against the target)."""
+    """:func:`observe` on ``ebplus serve``: the controller actor's version, the replicas' running requests."""
     replicas = dep.config.replicas.num_replicas
-    version0 = cluster.ping()["version"]
+    return observe(name, dep, probe, version=lambda: cluster.ping()["version"],
+                   engine_work=lambda: engine_running(cluster, replicas), injected=injected)  # fmt: skip
+
+
+def observe(
+    name: str,
+    dep: Target,
+    probe: Callable[[], dict],
+    *,
+    version: Callable[[], int],
+    engine_work: Callable[[], int],
+    roles: dict[str, re.Pattern] = SERVE_ROLES,
+    injected: bool = False,
+) -> dict:
+    """Run ``probe`` (it returns ``{"answers": Counter-like, ...}`` plus anything it wants kept) under
+    :class:`RssPeaks` and record the campaign's figures for it. ``version`` reads the controller's decision
+    version, ``engine_work`` the requests the engines run now. ``injected``: a fault probe, whose 5xx are the
+    fault's own (reported, not held against the target)."""
+    version0 = version()
     t0 = time.monotonic()
-    with RssPeaks(dep.pid) as rss:
+    with RssPeaks(dep.pid, roles) as rss:
         out = probe()
     seconds = time.monotonic() - t0
     time.sleep(SETTLE_S)  # the clients are gone: what the engines still run now is work for nobody
-    left = engine_running(cluster, replicas)
+    left = engine_work()
     merged: Counter = Counter()  # status codes may come as ints (httpx) and strings (the load's summary)
     for key, count in out.pop("answers", {}).items():
         merged[str(key)] += count
@@ -269,7 +296,7 @@ def unicode_cases(model: str) -> list[Case]:
     return cases
 
 
-def send_family(dep: Deployment, cases: list[Case]) -> dict:
+def send_family(dep: Target, cases: list[Case]) -> dict:
     """:func:`send_cases` as a probe: the histogram, and each non-4xx-or-200 case by name (for the report)."""
     sent = send_cases(dep, cases)
     answers = Counter(a["status"] for a in sent)
@@ -280,9 +307,10 @@ def send_family(dep: Deployment, cases: list[Case]) -> dict:
 # --------------------------------------------------------------------------- connections that stall or leave
 
 
-def _raw(dep: Deployment, kind: str, hold_s: float, max_tokens: int) -> str:
+def _raw(dep: Target, kind: str, hold_s: float, max_tokens: int) -> str:
     """One raw TCP client of :func:`slow_loris` (``kind`` says how it misbehaves); returns what it saw."""
-    host, port = dep.config.http.host, dep.config.http.port
+    url = urlsplit(dep.base_url)
+    host, port = url.hostname, url.port
     auth = "".join(f"{k}: {v}\r\n" for k, v in dep.api_headers.items())
     stream = kind == "stream-then-leave"
     body = json.dumps({"model": dep.model, "prompt": f"{kind} tell me everything", "n": 4, "max_tokens": max_tokens,
@@ -327,7 +355,7 @@ def _raw(dep: Deployment, kind: str, hold_s: float, max_tokens: int) -> str:
         return f"still open after {hold_s:.0f} s"
 
 
-def slow_loris(dep: Deployment, hold_s: float = 20.0, max_tokens: int = 480) -> dict:
+def slow_loris(dep: Target, hold_s: float = 20.0, max_tokens: int = 480) -> dict:
     """20 connections that stall or are abandoned, all at once: 5 dribble their headers a byte a second, 5 send
     headers and never the body, 3 connect and say nothing, 3 send a long request and close at once, 4 read the
     first line of a long stream and close. Each waits at most ``hold_s`` for the server to answer or close.
@@ -355,7 +383,7 @@ def _status_of(seen: str) -> str:
 # --------------------------------------------------------------------------- floods of reads during load
 
 
-def flood(dep: Deployment, seconds: float = 15.0, readers: int = 16, concurrency: int = 4) -> dict:
+def flood(dep: Target, seconds: float = 15.0, readers: int = 16, concurrency: int = 4) -> dict:
     """``readers`` threads scraping ``/metrics`` and ``/health`` and reading ``/admin`` as fast as they can while a
     closed-loop client load (``concurrency``) runs: answers of the reads, and the load's own failures (lost)."""
     from harness.load import BackgroundLoad
