@@ -156,7 +156,7 @@ def table(rows: list[dict]) -> list[str]:
 def details(rows: list[dict]) -> list[str]:
     """What each probe saw beyond the table's columns (its own figures, from the JSON)."""
     skip = {"probe", "cases", "answers", "5xx", "injected", "rss_peak_mib", "lost", "engine_left", "deciding",
-            "seconds", "what", "control_status", "load"}  # fmt: skip
+            "seconds", "what", "control_status", "load", "by_case"}  # fmt: skip
     lines = []
     for r in rows:
         extra = {k: v for k, v in r.items() if k not in skip}

@@ -297,10 +297,10 @@ def unicode_cases(model: str) -> list[Case]:
 
 
 def send_family(dep: Target, cases: list[Case]) -> dict:
-    """:func:`send_cases` as a probe: the histogram, and each non-4xx-or-200 case by name (for the report)."""
+    """:func:`send_cases` as a probe: the histogram, each case's status, and each 5xx or unanswered case in full."""
     sent = send_cases(dep, cases)
     answers = Counter(a["status"] for a in sent)
-    return {"answers": answers, "cases": len(sent),
+    return {"answers": answers, "cases": len(sent), "by_case": {a["case"]: a["status"] for a in sent},
             "server_errors": [a for a in sent if a["status"] >= 500 or a["status"] == 0]}  # fmt: skip
 
 
