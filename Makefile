@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ebplus-installed
 CONFIG ?= deploy/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit vllm-venv vllm-ci-venv test-vllm test-vllm-ci lint docs serve models bench-sim bench-fleet bench-routing bench-autoscaling bench-controller gpu-probe clean
+.PHONY: install test test-unit vllm-venv vllm-ci-venv test-vllm test-vllm-ci lint docs serve models bench-sim bench-fleet bench-routing bench-autoscaling bench-controller bench-hostile gpu-probe clean
 
 install: $(STAMP)
 
@@ -100,6 +100,11 @@ bench-routing: install models
 # policy-first autoscaling against Serve's default in the fleet simulator; ARGS: see --help
 bench-autoscaling: install
 	$(PY) -m benchmarks.autoscaling_bench $(ARGS)
+
+# the hostile-input and fault campaign of issue 23: `ebplus serve` (tiny model, two CPU replicas; the disk-full
+# probe mounts an 8 MiB tmpfs, root only), then `vllm serve` with the plugins; ARGS: --quick, --modes, see --help
+bench-hostile: install models
+	$(PY) -m benchmarks.hostile_bench $(ARGS)
 
 # BASELINE=path/to/python: also measure that interpreter's ebplus (an older checkout), run by run
 bench-controller: install

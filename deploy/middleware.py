@@ -192,7 +192,9 @@ def parse_body(body: bytes, content_type: str | None) -> tuple[tuple[int, str] |
     """
     if not body:
         return None, NOT_JSON
-    mime = (content_type or "application/json").split(";")[0].strip().lower()
+    # No type, or an empty one, is refused too: vLLM's routes refuse it with a validation error its handler
+    # cannot serialise (a 500 on the live deployment, found by the hostile campaign)
+    mime = (content_type or "").split(";")[0].strip().lower()
     if mime != "application/json" and not mime.endswith("+json"):
         return (415, f"request body must be application/json, got {mime or 'no type'}"), NOT_JSON
     try:

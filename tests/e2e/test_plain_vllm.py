@@ -13,7 +13,6 @@ metrics on vLLM's ``/metrics``, a clean stop, and the refusal of several API ser
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -31,28 +30,11 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.plugin import ENGINE_ARGS, MODEL, PORT, START_TIMEOUT_S, TOKEN, hub_home, server_env
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = "ebplus-test/tiny-llama"  # a Hub id: found in the test's HF_HOME, offline
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-PORT = 18310
-TOKEN = "plain-vllm-admin-token"
-START_TIMEOUT_S = 300
-ADDITIONAL = {
-    "ebplus": {
-        "scheduler": {"mode": "auto"},
-        "controller": {"window": 60, "first_update": 20, "update_every": 20, "min_samples": 20,
-                       "planner": {"min_concurrency": 2, "cooldown": 0}},
-        "auth": {"admin_token_env": "EBPLUS_ADMIN_TOKEN"},
-        "replicas": {"profile": "cpu-smollm2", "telemetry_interval_s": 0.25},
-    }
-}  # fmt: skip
-ENGINE_ARGS = [
-    "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "16", "--max-num-batched-tokens", "256",
-    "--enforce-eager", "--scheduler-cls", "ebplus.replicas.scheduler.EBPlusScheduler",
-    "--additional-config", json.dumps(ADDITIONAL),
-]  # fmt: skip
 #: ``vllm serve``'s own code path (several API servers are started there) without the console script.
 VLLM_SERVE = (
     "import sys; "
@@ -80,35 +62,6 @@ class Server:
         r = httpx.get(f"{self.base_url}/admin/thresholds", headers=self.admin_headers, timeout=10)
         r.raise_for_status()
         return r.json()
-
-
-def hub_home(root: Path) -> tuple[Path, Path]:
-    """``HF_HOME`` with the tiny model cached as the Hub would cache ``MODEL`` (files linked, like its blobs)."""
-    from ebplus.deploy import models
-
-    built = models.build_tiny_llama(models.DEFAULT_CACHE_DIR, seed=0)
-    repo = root / "hub" / ("models--" + MODEL.replace("/", "--"))
-    snapshot = repo / "snapshots" / COMMIT
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(COMMIT)
-    for file in built.iterdir():
-        if not file.name.startswith("."):
-            (snapshot / file.name).symlink_to(file)
-    return root, snapshot
-
-
-def server_env(hf_home: Path) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("EBPLUS_", "VLLM_", "HF_"))}
-    return {
-        **env,
-        "VLLM_PLUGINS": "ebplus",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "EBPLUS_ADMIN_TOKEN": TOKEN,
-        "HF_HOME": str(hf_home),
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
 
 
 @pytest.fixture(scope="module")

@@ -140,6 +140,25 @@ def test_malformed_telemetry_is_rejected_and_counted_live(faults: rel.Deployment
     assert 'ebplus_telemetry_rejected_total{reason="unknown_replica"}' in metrics
 
 
+@pytest.mark.timeout(600)
+def test_hostile_campaign_quick(faults: rel.Deployment, cluster: rel.Cluster) -> None:
+    """The quick part of ``make bench-hostile`` (issue 23) on this module's deployment: 50 oversized, 50 malformed and
+    30 unicode requests, 20 stalled or abandoned connections, a flood of reads during load, a cursor jump and 100
+    churned replica ids. Per probe: no 5xx, nothing lost, no engine work 5 s after the clients left, and the
+    controller still decides."""
+    from benchmarks.hostile_bench import probes, run, serve_measure
+
+    rows = run(probes(faults, cluster, quick=True, state_dir=None, mounted=False), serve_measure(faults, cluster))
+    show("hostile campaign", {r["probe"]: {k: r[k] for k in ("answers", "5xx", "lost", "engine_left")} for r in rows})
+    assert [r["cases"] for r in rows[:3]] == [50, 50, 30]
+    for row in rows:
+        assert row["5xx"] == 0 and row["lost"] == 0 and row["engine_left"] == 0, row
+        assert row["deciding"]["ok"], row
+    by = {r["probe"]: r for r in rows}
+    assert by["cursor-jump"]["rejected_cursor_jump"] == 5, by["cursor-jump"]
+    assert by["churn"]["churn_ids_kept"] == 0 and by["churn"]["replicas_kept"], by["churn"]
+
+
 # --------------------------------------------------------------------------- back-pressure
 
 

@@ -19,6 +19,9 @@ One module per concern:
 - :mod:`.load`: the OpenAI client load (closed-loop or open-loop Poisson) and what it saw;
 - :mod:`.faults`, :mod:`.overload`, :mod:`.hostile`, :mod:`.nodeloss`, :mod:`.rollout`: the scenarios, each returning
   plain figures (JSON-able) that the tests assert on and the benchmark tabulates;
+- :mod:`.campaign`, :mod:`.campaign_faults`: the probes of the hostile campaign (``make bench-hostile``) and what
+  it records of each;
+- :mod:`.plugin`: EB+ inside vLLM's own OpenAI server (``vllm serve`` with the plugins), started and stopped;
 - :mod:`.waiting`: :func:`wait_until` and :class:`HarnessError`.
 
 This module re-exports what the tests and benchmarks use.

@@ -225,7 +225,8 @@ class Cluster:
         try:
             yield pid
         finally:
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # the block may have killed it
+                os.kill(pid, signal.SIGCONT)
 
     def kill_replica(self, replica_id: str) -> int:
         """SIGKILL a model replica's process (a crash: no shutdown hook runs); returns the pid."""

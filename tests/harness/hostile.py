@@ -89,25 +89,45 @@ def hostile_requests(model: str) -> list[tuple[str, str, str, bytes | dict, str 
     ]  # fmt: skip
 
 
+#: ``(case, method, path, body, content_type[, headers])``: ``body`` is JSON (a dict), raw bytes, or a list of
+#: byte chunks (sent chunked, with no Content-Length); ``headers`` are added last (they may replace the credentials)
+Case = tuple
+
+
 def send_hostile(dep: Deployment) -> list[dict]:
     """Send every :func:`hostile_requests` case (with valid credentials); returns status and reason per case."""
+    return send_cases(dep, hostile_requests(dep.model))
+
+
+def send_cases(dep: Deployment, cases: list[Case]) -> list[dict]:
+    """Send each :data:`Case` with the deployment's credentials; status and reason per case (status 0: no HTTP
+    answer, the reason says what happened to the connection)."""
     out = []
     with httpx.Client(base_url=dep.base_url, timeout=120) as client:
-        for case, method, path, body, content_type in hostile_requests(dep.model):
-            headers = dict(dep.admin_headers if path.startswith("/admin") else dep.api_headers)
-            if isinstance(body, dict):
-                r = client.request(method, path, json=body, headers=headers)
-            else:
-                if content_type:
-                    headers["content-type"] = content_type
-                r = client.request(method, path, content=body, headers=headers)
+        for case, method, path, body, content_type, *extra in cases:
+            headers = httpx.Headers(dep.admin_headers if path.startswith("/admin") else dep.api_headers)
+            if content_type and not isinstance(body, dict):
+                headers["content-type"] = content_type
+            for key, value in (extra[0] if extra else {}).items():
+                headers[key] = value  # replaces, whatever the case: a case's Authorization is the only one sent
+            kwargs = (
+                {"json": body}
+                if isinstance(body, dict)
+                else {"content": iter(body) if isinstance(body, list) else body}
+            )
+            t0 = time.monotonic()
+            try:
+                r = client.request(method, path, headers=headers, **kwargs)
+                status, reason = r.status_code, error_reason(r)
+            except httpx.HTTPError as exc:
+                status, reason = 0, f"{type(exc).__name__}: {exc}"[:200]
             out.append(
                 {
                     "case": case,
                     "path": path,
-                    "status": r.status_code,
-                    "reason": error_reason(r),
-                    "seconds": round(r.elapsed.total_seconds(), 2),
+                    "status": status,
+                    "reason": reason,
+                    "seconds": round(time.monotonic() - t0, 2),
                 }
             )
     return out
@@ -383,8 +403,13 @@ RAY_LISTENERS = {
 
 
 def ray_listener_kind(process: str) -> str | None:
-    """The :data:`RAY_LISTENERS` entry a listening process is, or ``None`` (not one Ray explains)."""
-    return next((kind for kind in RAY_LISTENERS if kind in process), None)
+    """The :data:`RAY_LISTENERS` entry a listening process is, or ``None`` (not one Ray explains). A Ray worker
+    (``ray::<name>``) is its named agent when it is one (``ray::DashboardAgent``), else any worker: a Serve
+    replica of the ``ebplus`` application is not the ``ebplus serve`` driver."""
+    if process.startswith("ray::"):
+        name = process[len("ray::") :]
+        return next((kind for kind in RAY_LISTENERS if kind.endswith("Agent") and name.startswith(kind)), "ray::")
+    return next((kind for kind in RAY_LISTENERS if kind != "ray::" and kind in process), None)
 
 
 def listeners(pid: int) -> list[dict]:

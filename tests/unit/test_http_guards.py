@@ -168,6 +168,15 @@ def test_bodies_the_stack_would_choke_on_are_4xx_with_a_reason(
     assert r.status_code == (422 if status == 400 else status) and needle in r.json()["detail"][0]["msg"], r.text
 
 
+@pytest.mark.parametrize("headers", [{}, {"content-type": ""}, {"content-type": " ; charset=utf-8"}])
+def test_a_body_without_a_content_type_is_415(headers: dict[str, str]) -> None:
+    """A JSON body with no Content-Type (or an empty one) is refused with a reason: passed on, vLLM's routes
+    answered it 500 on the live deployment (``make bench-hostile``'s malformed headers)."""
+    c = guarded_app()
+    r = c.post("/v1/echo", content=b'{"model": "m", "prompt": "hi"}', headers=headers)
+    assert r.status_code == 415 and "got no type" in r.json()["error"]["message"], r.text
+
+
 @pytest.mark.parametrize(
     "body",
     [
