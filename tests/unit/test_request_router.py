@@ -18,7 +18,6 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID
 from ray.serve.request_router import ReplicaID
 
 from ebplus.controller.messages import Mode, PhaseReport, RoutingHints, encode
-from ebplus.deploy import request_router
 from ebplus.deploy.request_router import BoardRouter
 from ebplus.deploy.routing import PhaseBoard, make_router
 
@@ -28,7 +27,14 @@ DEPLOYMENT = DeploymentID(name="smollm2", app_name="ebplus")
 @pytest.fixture(autouse=True)
 def no_board_actor(monkeypatch: pytest.MonkeyPatch) -> None:
     """The background watch a first decision starts finds no board actor (tests hand the router its boards)."""
-    monkeypatch.setattr(request_router, "get_board", lambda: None)
+    patch_board(monkeypatch, lambda: None)
+
+
+def patch_board(monkeypatch: pytest.MonkeyPatch, get_board: object) -> None:
+    """Replace the board lookup the router's watch calls. Through the method's own globals: once Ray Serve has
+    pickled the class by value in this process (``RequestRouterConfig``, as ``test_config`` does), cloudpickle
+    has set the original class's methods to copies whose globals are not the module's."""
+    monkeypatch.setitem(BoardRouter._watch.__globals__, "get_board", get_board)
 
 
 def make(policy: str = "phase", stale_s: float = 2.0) -> BoardRouter:
@@ -133,7 +139,7 @@ def test_the_watch_follows_the_board_actor_through_a_restart(monkeypatch: pytest
         return actor.version, {rid: encode(report())} if after < actor.version else {}, [rid], encode(HINTS)
 
     handle = SimpleNamespace(watch=SimpleNamespace(remote=watch))
-    monkeypatch.setattr(request_router, "get_board", lambda: handle)
+    patch_board(monkeypatch, lambda: handle)
 
     async def until(check, timeout_s: float = 10.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
