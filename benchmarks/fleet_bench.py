@@ -23,6 +23,7 @@ import itertools
 import math
 import sys
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -95,6 +96,17 @@ def run_cell(cell: Cell) -> list[Run]:
         runs.append(Run(cell, name, data["ttft_p50_s"], data["ttft_p99_s"], data["tok_per_s"],
                         data["windows_short_share"], time.perf_counter() - started))  # fmt: skip
     return runs
+
+
+def run_cells(label: str, run: Callable[[Cell], list], cells: Sequence[Cell], workers: int) -> tuple[list, float]:
+    """``run`` over the cells in ``workers`` simulator processes, a progress line a cell: the runs and the wall time."""
+    started = time.perf_counter()
+    runs: list = []
+    with ProcessPoolExecutor(workers) as pool:
+        for i, cell_runs in enumerate(pool.map(run, cells), 1):
+            runs += cell_runs
+            print(f"{label}: {i}/{len(cells)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    return runs, time.perf_counter() - started
 
 
 def grid(args: argparse.Namespace) -> list[Cell]:
@@ -187,13 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cells = grid(args)
     print(f"fleet: {len(cells)} cells x {len(ROUTERS)} routers on {args.workers} processes", file=sys.stderr)
-    started = time.perf_counter()
-    runs: list[Run] = []
-    with ProcessPoolExecutor(args.workers) as pool:
-        for i, cell_runs in enumerate(pool.map(run_cell, cells), 1):
-            runs += cell_runs
-            print(f"fleet: {i}/{len(cells)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    wall = time.perf_counter() - started
+    runs, wall = run_cells("fleet", run_cell, cells, args.workers)
     out = Path(args.out)
     command = "python -m benchmarks.fleet_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = markdown(runs, command, wall)

@@ -17,13 +17,12 @@ import itertools
 import math
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.fleet_bench import ARRIVALS, PROFILES, SEEDS, Cell, capacity
+from benchmarks.fleet_bench import ARRIVALS, PROFILES, SEEDS, Cell, capacity, run_cells
 from benchmarks.outputs import SUMMARY_DIR, write_summary
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_model import resolve_profile
@@ -145,13 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     cells.sort(key=lambda c: (c.seed, c.replicas))  # seeds interleaved: every cell's first seed before any second
     print(f"stagger: {len(cells)} cells x {len(ROUTERS) * len(SETTINGS)} runs on {args.workers} processes",
           file=sys.stderr)  # fmt: skip
-    started = time.perf_counter()
-    runs: list[Run] = []
-    with ProcessPoolExecutor(args.workers) as pool:
-        for i, cell_runs in enumerate(pool.map(run_cell, cells), 1):
-            runs += cell_runs
-            print(f"stagger: {i}/{len(cells)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    wall = time.perf_counter() - started
+    runs, wall = run_cells("stagger", run_cell, cells, args.workers)
     command = "python -m benchmarks.stagger_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = markdown(runs, command, wall)
     write_summary(Path(args.out), "Staggered windows: generated results", lines, [asdict(r) for r in runs], "stagger")
