@@ -442,10 +442,11 @@ class FleetController:
                     self.plan_errors += 1
             plans.append(plan)
         self.version += 1
-        fleet = [(r.replica_id, self._unstaggered(r), r.concurrency, r.cost_model) for r in self.replicas.values()]
+        bases = [self._unstaggered(r) for r in replicas]  # the stagger is decided on them, then added to them
+        fleet = [(r.replica_id, base, r.concurrency, r.cost_model) for r, base in zip(replicas, bases, strict=True)]
         self.stagger = stagger.of_fleet(self.config.stagger, fleet, estimate)
-        for replica, plan in zip(replicas, plans, strict=True):
-            self._publish(replica, cause, estimate, plan)
+        for replica, plan, base in zip(replicas, plans, bases, strict=True):
+            self._publish(replica, cause, estimate, plan, base)
         self.last_update_seconds = time.perf_counter() - started
         self.update_seconds.observe(self.last_update_seconds)
         return self.version
@@ -478,9 +479,10 @@ class FleetController:
         replica.load = rate if replica.load is None else replica.load + LOAD_EMA * (rate - replica.load)
         return replica.load
 
-    def _publish(self, replica: ReplicaState, cause: str, estimate: Estimate | None, plan: Plan | None) -> None:
+    def _publish(self, replica: ReplicaState, cause: str, estimate: Estimate | None, plan: Plan | None,
+                 base: ThresholdUpdate | None = None) -> None:  # fmt: skip
         previous = replica.current.active
-        replica.current = self._effective(replica)
+        replica.current = self._effective(replica, base)
         if replica.current.active is not previous:
             replica.mode_switches += 1
             replica.active_since = replica.current.version
@@ -499,9 +501,9 @@ class FleetController:
             )
         )
 
-    def _effective(self, replica: ReplicaState) -> ThresholdUpdate:
-        """:meth:`_unstaggered` with this replica's stagger, if the fleet has one and it runs EB."""
-        update = self._unstaggered(replica)
+    def _effective(self, replica: ReplicaState, base: ThresholdUpdate | None = None) -> ThresholdUpdate:
+        """:meth:`_unstaggered` (``base``, when the caller has it) with the fleet's stagger if the replica runs EB."""
+        update = self._unstaggered(replica) if base is None else base
         phase = self.stagger.phase_of(replica.replica_id)
         on = phase is not None and update.active is Mode.EB
         return update.replace(stagger_period_s=self.stagger.period_s, stagger_phase=phase) if on else update
