@@ -183,7 +183,8 @@ class BoardRouter(FIFOMixin, RequestRouter):
                     handle = await asyncio.to_thread(get_board)
                     if handle is None:
                         raise LookupError("the board actor is not running")
-                answer = await asyncio.wait_for(handle.watch.remote(version, WATCH_TIMEOUT_S), WATCH_TIMEOUT_S + 5)
+                async with asyncio.timeout(WATCH_TIMEOUT_S + 5):  # not wait_for: see board.publish_forever
+                    answer = await handle.watch.remote(version, WATCH_TIMEOUT_S)
                 if answer[0] < version:  # a restarted actor counts from 0 again: take all it has
                     version = 0
                     continue

@@ -212,7 +212,10 @@ async def publish_forever(replica_id: str, read: Callable[[], Awaitable[bytes]],
             if handle is None:
                 handle = await asyncio.to_thread(get_board)  # a GCS round trip, off the serving loop
             if handle is not None:
-                await asyncio.wait_for(handle.publish.remote(replica_id, payload), timeout=max(1.0, 10 * interval_s))
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that lands as the call
+                # completes, and the task then publishes for ever
+                async with asyncio.timeout(max(1.0, 10 * interval_s)):
+                    await handle.publish.remote(replica_id, payload)
                 if down:
                     logger.info("replica %s: the phase board answers again", replica_id)
                 down = False
