@@ -198,6 +198,49 @@ def dashboard() -> Dashboard:
                 ],
             ),
             Row(
+                "Staggered prefill windows",
+                [
+                    Panel(
+                        "Stagger on",
+                        "1 while the controller offsets the EB replicas' prefill windows so that some replica opens "
+                        "one soon (controller.stagger; the controller turns it off where it does not help, e.g. "
+                        "with fewer than two EB replicas). Its decision is in GET /admin/thresholds under stagger.",
+                        [Target(f"max({metric('ebplus_stagger_on')})", "on")],
+                        kind="stat",
+                        width=6,
+                    ),
+                    Panel(
+                        "Stagger period per replica",
+                        "Period of each replica's timed prefill windows (seconds; 0: the replica is not staggered "
+                        "and opens a window when k decode slots are free).",
+                        [Target(f"max by (ReplicaId) ({metric('ebplus_stagger_period_seconds')})", by_replica)],
+                        unit="s",
+                        width=9,
+                    ),
+                    Panel(
+                        "Stagger phase per replica",
+                        "Where in the period each replica's windows fall, in [0, 1): staggered replicas spread "
+                        "over the interval rather than sharing a phase.",
+                        [Target(f"max by (ReplicaId) ({metric('ebplus_stagger_phase')})", by_replica)],
+                        decimals=2,
+                        width=9,
+                    ),
+                    Panel(
+                        "Windows opened by the stagger's timer",
+                        "EB prefill windows per second that a replica opened on its timer with fewer than k slots "
+                        "free: the stagger admitting early. 0 everywhere while it is on means it changes nothing.",
+                        [
+                            Target(
+                                f"sum by (ReplicaId) (rate({metric('ebplus_stagger_windows_total')}[{RATE}]))",
+                                by_replica,
+                            )
+                        ],
+                        unit="ops",
+                        width=24,
+                    ),
+                ],
+            ),
+            Row(
                 "Workload estimate (fleet)",
                 [
                     Panel(
