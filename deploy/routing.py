@@ -18,9 +18,10 @@ Routers (``ROUTERS``, by name):
 * ``default``: Ray Serve's default, power of two choices on queue length (running + waiting);
 * ``least-loaded``: the least token load in the manner of Ray Serve LLM's KV-aware routing: the
   prompt tokens a replica still has to prefill plus the KV tokens its decodes read every step;
-* ``phase``: the soonest admission (:func:`admission_eta`), ties within ``tie_s`` broken by token
-  load: the requests that follow one fill the window it booked, since that window then opens soonest;
-  a board older than ``stale_s`` makes it fall back to power of two choices.
+* ``phase``: the soonest admission (:func:`admission_eta`); admissions within one decode step count as
+  equal, and of those the EB replica whose window already holds the most requests (up to ``k``) wins, then
+  the least token load: the requests that follow one fill the window it booked, since that window then
+  opens soonest; a board older than ``stale_s`` makes it fall back to power of two choices.
 """
 
 from __future__ import annotations
@@ -134,28 +135,10 @@ class PhaseBoard:
         return seat_s, freed_s, short, queue_s, self.prefill_tokens * self.prefill_s_per_token
 
 
-def departures_needed(board: PhaseBoard) -> int:
-    """How many running requests must finish before a request routed to ``board`` now is admitted, if nothing
-    else arrives.
-
-    A slot for it: those queued ahead take the first free ones. Under EB while decoding, also the
-    window: it opens once ``min(waiting, free slots) >= k``, or once a slot is free and ``k`` left
-    since the last window (the phase machine's two triggers), or at once with nothing decoding.
-    """
-    free = board.n - board.running
-    queued = board.waiting + 1  # this request included
-    need = max(0, queued - free)
-    if board.mode is Mode.EB and not board.prefilling and board.running > 0:
-        by_queue = max(0, board.k - free) if queued >= board.k else math.inf
-        by_freed = max(0, board.k - board.freed, 1 - free)
-        need = max(need, int(min(by_queue, by_freed)))
-    return need
-
-
 def admission_eta(board: PhaseBoard, now: float, arrival_rate: float = 0.0) -> float:
     """Seconds from ``now`` until a request routed to ``board`` now starts its prefill.
 
-    The current step's end; then its seat (departures, :func:`departures_needed`) and, under EB while
+    The current step's end; then its seat (the departures that free one for it) and, under EB while
     decoding, its window: the soonest of ``k`` departures since the last one, a queue of ``k``, which
     the requests that follow fill at ``arrival_rate`` (requests/s the router places: a router that
     keeps sending here books the window full), and a staggered window's slot; then the prompt tokens
@@ -205,7 +188,7 @@ class LeastLoaded:
 
 
 class PhaseAware:
-    """The replica that admits the request soonest (:func:`admission_eta`), ties broken by token load.
+    """The replica that admits the request soonest (:func:`admission_eta`), ties broken by the fullest window.
 
     Booking a window by its queue is a promise about the requests that follow: the first ones wait
     until ``k`` are there. So the router fills one window at a time: once it sends a request to a
@@ -214,9 +197,18 @@ class PhaseAware:
     already booked (one gap between requests each). Without that, a window booked by a few requests
     was left for open windows elsewhere, and they waited for ``k`` departures instead.
 
-    ``tie_s``: admissions this close count as equal (a board is an estimate). ``stale_s``: a board
-    older than this, at any replica, means the boards cannot be trusted (their channel is down or
-    slow): power of two choices until they are fresh again.
+    Ties. Admissions less than one decode step apart (the fastest EB replica's step, at least ``tie_s``)
+    count as equal: a board is an estimate that moves a step at a time. Of those, the EB replica whose
+    queue already holds the most requests (up to ``k``) wins, then the least token load. A prefill
+    phase pays its fixed cost once for every request it admits; sending a request to the replica
+    whose window opens a step sooner but would admit it alone opened windows with empty seats (a
+    fifth to a quarter of them near saturation), and a fleet at 95 % of its capacity lost 1-2 % of its
+    throughput to them (``benchmarks/fleet_bench.py``). An MB replica has no window: ties within
+    ``tie_s``, by load.
+
+    ``tie_s``: admissions this close always count as equal. ``stale_s``: a board older than this, at
+    any replica, means the boards cannot be trusted (their channel is down or slow): power of two
+    choices until they are fresh again.
     """
 
     name: ClassVar[str] = "phase"
@@ -254,9 +246,16 @@ class PhaseAware:
         return best
 
     def _soonest(self, boards: Sequence[PhaseBoard], etas: list[float]) -> int:
+        steps = [b.decode_step_s for b in boards if b.mode is Mode.EB and b.decode_step_s > 0]
+        tie = max(self.tie_s, min(steps)) if steps else self.tie_s
         soonest = min(etas)
-        near = [i for i, eta in enumerate(etas) if eta <= soonest + self.tie_s]
-        return min(near, key=lambda i: boards[i].token_load)
+        near = [i for i, eta in enumerate(etas) if eta <= soonest + tie]
+        return min(near, key=lambda i: (-_window_fill(boards[i]), boards[i].token_load))
+
+
+def _window_fill(board: PhaseBoard) -> int:
+    """Requests an EB replica's next prefill window would admit besides a new one (its queue, up to ``k``)."""
+    return min(board.waiting, board.k) if board.mode is Mode.EB else 0
 
 
 #: The deployment's board routers (``ebplus.deploy.request_router``) living in this process, for

@@ -70,7 +70,7 @@ def test_the_phase_router_cuts_the_ttft_tail_of_an_eb_fleet() -> None:
         router = make_router(name, 3, stale_s=math.inf)
         out[name] = simulate_fleet([H200], paper(6000, rate=235.0), config, 8, router).as_json()
     assert out["phase"]["ttft_p99_s"] < 0.8 * out["default"]["ttft_p99_s"], out
-    assert out["phase"]["tok_per_s"] == pytest.approx(out["default"]["tok_per_s"], rel=0.01)
+    assert out["phase"]["tok_per_s"] >= 0.99 * out["default"]["tok_per_s"], out  # no more than 1 % short
 
 
 def test_bad_fleets_are_refused() -> None:

@@ -15,7 +15,6 @@ from ebplus.deploy.routing import (
     PhaseBoard,
     PowerOfTwo,
     admission_eta,
-    departures_needed,
     make_router,
 )
 
@@ -41,34 +40,40 @@ def board(**changes: object) -> PhaseBoard:
     return dataclasses.replace(base, **changes)
 
 
+def departures(b: PhaseBoard) -> float:
+    """How many running requests must finish before a request routed to ``b`` at its step's end is admitted."""
+    eta = admission_eta(b, now=b.step_end_s)
+    return 0.0 if eta == 0.0 else eta / b.per_departure_s
+
+
 def test_mb_admits_at_its_next_step_while_a_slot_is_free() -> None:
     b = board(mode=Mode.MB)
-    assert departures_needed(b) == 0
+    assert departures(b) == pytest.approx(0)
     assert admission_eta(b, now=0.5) == pytest.approx(0.5)  # the current step's end
     assert admission_eta(b, now=2.0) == 0.0  # idle since: at once
 
 
 def test_mb_full_waits_for_the_departures_that_free_its_seat() -> None:
     b = board(mode=Mode.MB, running=64, waiting=3)  # three ahead of it, no slot free
-    assert departures_needed(b) == 4
+    assert departures(b) == pytest.approx(4)
     per_departure = 0.02 / (64 * 0.01)
     assert admission_eta(b, now=1.0) == pytest.approx(4 * per_departure)
 
 
 def test_eb_decoding_waits_for_its_window() -> None:
     # 24 slots free, 1 queued with this one: the window opens once k = 16 left since the last one
-    assert departures_needed(board()) == 16
+    assert departures(board()) == pytest.approx(16)
     # 15 queued ahead: this request is the 16th, and 24 >= 16 slots are free: the window opens now
-    assert departures_needed(board(waiting=15)) == 0
+    assert departures(board(waiting=15)) == pytest.approx(0)
     # k left already: any admissible request opens it
-    assert departures_needed(board(freed=16)) == 0
+    assert departures(board(freed=16)) == pytest.approx(0)
     # few slots free: the queue opens it once k slots are
-    assert departures_needed(board(running=60, waiting=20)) == 17  # a seat for 21 requests: 21 - 4 free
+    assert departures(board(running=60, waiting=20)) == pytest.approx(17)  # a seat for 21 requests: 21 - 4 free
 
 
 def test_an_open_window_or_an_idle_replica_admits_now() -> None:
-    assert departures_needed(board(prefilling=True)) == 0
-    assert departures_needed(board(running=0, kv_tokens=0)) == 0
+    assert departures(board(prefilling=True)) == pytest.approx(0)
+    assert departures(board(running=0, kv_tokens=0)) == pytest.approx(0)
 
 
 def test_queued_prompt_tokens_delay_the_admission() -> None:
@@ -178,3 +183,23 @@ def test_a_staggered_slot_is_booked_when_it_comes_before_the_windows_triggers() 
     assert admission_eta(board(slot_s=1.3), now=1.0) == pytest.approx(0.3)
     assert admission_eta(board(slot_s=2.5), now=1.0) == pytest.approx(0.8)
     assert admission_eta(board(slot_s=0.5), now=1.0) == pytest.approx(0.0)  # due: it admits at its next step
+
+
+def test_admissions_a_decode_step_apart_tie_and_the_fuller_window_wins() -> None:
+    router = PhaseAware(stale_s=math.inf)
+    alone = board(running=0, kv_tokens=0, step_end_s=1.0)  # idle: admits this one alone at its step's end
+    filling = board(prefilling=True, waiting=6, step_end_s=1.015)  # its open window admits 7, a step later
+    assert router.choose([alone, filling], 1.0) == 1  # 15 ms apart, inside one 20 ms decode step
+    later = dataclasses.replace(filling, step_end_s=1.03)  # beyond a step: the sooner admission wins
+    assert router.choose([alone, later], 1.0) == 0
+    # the window's fill counts up to k only; past it, token load decides
+    full, fuller = board(prefilling=True, waiting=16, kv_tokens=9_000), board(prefilling=True, waiting=20)
+    assert admission_eta(full, 1.0) == admission_eta(fuller, 1.0) == 0.0
+    assert router.choose([fuller, full], 1.0) == 1
+
+
+def test_mb_replicas_tie_only_within_tie_s_and_by_load() -> None:
+    router = PhaseAware(stale_s=math.inf)
+    sooner, lighter = board(mode=Mode.MB, kv_tokens=50_000), board(mode=Mode.MB, kv_tokens=1_000, step_end_s=1.015)
+    assert router.choose([sooner, lighter], 1.0) == 0  # 15 ms apart: no window to fill, the sooner seat
+    assert router.choose([sooner, dataclasses.replace(lighter, step_end_s=1.004)], 1.0) == 1  # within 5 ms
