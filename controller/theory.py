@@ -172,12 +172,6 @@ def theta0(p0: float, alpha_p: float, alpha_d: float) -> float:
     return solve_theta0(min(p0 * alpha_p / alpha_d, C_MAX))
 
 
-def zeta(theta: float) -> float:
-    """``zeta = -ln(1 - theta0)``."""
-    theta = check_range("theta0", theta, 0.0, 1.0, lo_open=True, hi_open=True)
-    return -math.log1p(-theta)
-
-
 # ---------------------------------------------------------------------------
 # eq. (5): the IFR correction
 
@@ -354,11 +348,6 @@ def beta_mb_min(coeffs: Sequence[float]) -> tuple[float, float]:
     if c > 0 and 0.0 < -b / (2.0 * c) < 1.0:
         candidates.append(-b / (2.0 * c))
     return min(((r, beta_mb(r, coeffs)) for r in candidates), key=lambda rv: rv[1])
-
-
-def _prefill_steps(tokens: float, budget: float | None) -> int:
-    """Steps a prefill phase of ``tokens`` prompt tokens takes under a per-step token budget."""
-    return 1 if budget is None or tokens <= budget else math.ceil(tokens / budget)
 
 
 def _eb_inputs(

@@ -417,12 +417,3 @@ def load_trace(path: str | Path) -> Trace:
     arr = np.asarray(arrivals, dtype=float) if arrivals else None
     cap = np.asarray(caps, np.int64) if any(caps) else None
     return Trace(np.asarray(inputs, np.int64), np.asarray(outputs, np.int64), arr, path, cap)
-
-
-def source_mean_lengths(source: Workload | Schedule | Trace) -> tuple[float, float]:
-    """Mean (input, output) lengths of the first phase, for theory comparisons."""
-    if isinstance(source, Trace):
-        return float(source.input_len.mean()), float(source.output_len.mean())
-    wl = source if isinstance(source, Workload) else source.phases[0].workload
-    wl = resolve_workload(wl) if isinstance(wl, str) else wl
-    return wl.input.expected_mean(), wl.output.expected_mean()
