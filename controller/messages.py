@@ -405,7 +405,9 @@ class PhaseReport(Message, frozen=True, kw_only=True):
     compute (queued and partly prefilled requests), ``kv_tokens`` what its running requests hold,
     ``decode_step_s`` its last decode-only step's seconds (0: none yet), ``mean_output`` and ``mean_prompt`` the
     mean output and prompt tokens of the requests it finished (0: none yet; what a router assumes of a request
-    until the controller has an estimate), ``read_at`` when it was read (wall-clock seconds).
+    until the controller has an estimate), ``read_at`` when it was read (wall-clock seconds), ``slot_at`` when
+    the controller's stagger next opens a window for a waiting request (wall-clock seconds, like the stagger's
+    slots; ``None``: not staggered, or a replica that predates the field).
     """
 
     wire: int = WIRE_VERSION
@@ -422,8 +424,11 @@ class PhaseReport(Message, frozen=True, kw_only=True):
     mean_output: Annotated[float, Meta(ge=0.0, le=MAX_TOKENS_PER_REQUEST)]
     mean_prompt: Annotated[float, Meta(ge=0.0, le=MAX_TOKENS_PER_REQUEST)]
     read_at: float
+    slot_at: float | None = None
 
     def __post_init__(self) -> None:
+        if self.slot_at is not None and not math.isfinite(self.slot_at):
+            raise ValueError(f"slot_at must be finite or null, got {self.slot_at!r}")
         if self.mode not in (Mode.MB, Mode.EB):
             raise ValueError(f"mode must be the policy run, 'mb' or 'eb', got {self.mode.value!r}")
 

@@ -54,7 +54,7 @@ class PhaseBoard:
         departure_p: the chance a running request finishes in one decode step (the controller's ``p0``).
         prefill_s_per_token: seconds one queued prompt token costs (the cost model's ``beta_p``).
         slot_s: under a staggered EB, when its timer next opens a window for a waiting request
-            (``PhaseMachine.next_slot``; ``inf``: no stagger, or a deployment's report, which does not carry it).
+            (``PhaseMachine.next_slot``; ``inf``: no stagger).
     """
 
     mode: Mode
@@ -98,6 +98,7 @@ class PhaseBoard:
             departure_p=p0,
             prefill_s_per_token=hints.beta_p.get(replica_id, 0.0),
             published_s=report.read_at,
+            slot_s=math.inf if report.slot_at is None else report.slot_at,
         )
 
     @property

@@ -299,7 +299,7 @@ class EBPlusScheduler(Scheduler):
         th, machine = self.machine.thresholds, self.machine
         running = self.running
         queued = sum(max(0, r.num_tokens - r.num_computed_tokens) for r in self.layout.waiting_requests(self))
-        rec = self.recorder
+        rec, now = self.recorder, time.time()
         return encode(
             PhaseReport(
                 mode=th.active,
@@ -315,7 +315,8 @@ class EBPlusScheduler(Scheduler):
                 decode_step_s=rec.last_decode_s,
                 mean_output=rec.mean_output,
                 mean_prompt=rec.mean_prompt,
-                read_at=time.time(),
+                read_at=now,
+                slot_at=machine.next_slot(now) if th.active is Mode.EB else None,
             )
         )
 

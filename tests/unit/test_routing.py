@@ -159,7 +159,7 @@ def test_the_phase_router_fills_one_window_until_it_opens() -> None:
 def test_a_deployments_board_is_the_engines_report_with_the_controllers_hints() -> None:
     import msgspec
 
-    from ebplus.controller.messages import PhaseReport, RoutingHints
+    from ebplus.controller.messages import PhaseReport, RoutingHints, WireError, decode, encode
 
     report = PhaseReport(mode=Mode.EB, prefilling=False, running=6, waiting=2, n=8, k=4, freed=1, prefill_tokens=90,
                          kv_tokens=700, decode_step_s=0.03, mean_output=50.0, mean_prompt=30.0, read_at=12.5)  # fmt: skip
@@ -174,6 +174,12 @@ def test_a_deployments_board_is_the_engines_report_with_the_controllers_hints() 
     assert (cold.departure_p, cold.prefill_s_per_token, cold.waiting, cold.prefill_tokens) == (1 / 50, 0.0, 3, 90 + 30)
     fresh = PhaseBoard.of(msgspec.structs.replace(report, mean_output=0.0), RoutingHints(), "b")
     assert fresh.departure_p == 0.0 and math.isinf(fresh.per_departure_s)
+    # a staggered replica's timed window: booked on the same wall clock as its step end
+    assert math.isinf(b.slot_s)
+    assert PhaseBoard.of(msgspec.structs.replace(report, slot_at=12.8), hints, "a").slot_s == 12.8
+    with pytest.raises(WireError, match="slot_at must be finite"):
+        decode(encode(msgspec.structs.replace(report, slot_at=None)).replace(b"\xc0", b"\xcb\x7f\xf0" + bytes(6)),
+               PhaseReport)  # fmt: skip
 
 
 def test_a_staggered_slot_is_booked_when_it_comes_before_the_windows_triggers() -> None:

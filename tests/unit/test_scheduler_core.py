@@ -456,6 +456,20 @@ def test_the_phase_board_reports_the_window_the_engine_is_in(model: Path) -> Non
     assert board().freed == 2  # k left: the next step opens a window
 
 
+def test_a_staggered_engine_reports_when_its_timer_opens_the_next_window(model: Path) -> None:
+    driver = Driver(make_scheduler(model, mode="eb", k=2, n=4))
+    board = decode(driver.scheduler.ebplus_board(), PhaseReport)
+    assert board.slot_at is None  # not staggered
+    driver.control.apply(thresholds("eb", k=2, n=4, active="eb").replace(stagger_period_s=0.5, stagger_phase=0.25))
+    driver.add(16, max_tokens=9, count=2)
+    driver.step()  # a prefill window opens and admits both: the timer's next slot is ahead
+    board = decode(driver.scheduler.ebplus_board(), PhaseReport)
+    assert board.slot_at is not None and board.read_at <= board.slot_at <= board.read_at + 0.5
+    assert (board.slot_at / 0.5 - 0.25) % 1 == pytest.approx(0, abs=1e-6) or board.slot_at == board.read_at
+    driver.control.apply(thresholds("mb", k=2, n=4))
+    assert decode(driver.scheduler.ebplus_board(), PhaseReport).slot_at is None  # MB has no windows
+
+
 def test_apply_clamps_to_the_engine_and_rejects_what_it_cannot_read(model: Path) -> None:
     driver = Driver(make_scheduler(model, mode="eb", k=2, n=4, max_num_seqs=8))
     applied = driver.control.apply(thresholds("eb", k=12, n=16))
