@@ -86,7 +86,7 @@ def probes(
         ("corrupt-state", "the controller killed and restarted onto a state file cut short",
          True, lambda: cf.corrupt_state(dep, cluster, state_dir)),
         ("engine-wedge", "SIGSTOP of the busiest replica's engine for 10 s under load, then SIGCONT",
-         True, lambda: cf.engine_wedge(dep, cluster)),
+         True, lambda: cf.engine_wedge(dep, lambda: cp.busiest_replica_pid(cluster, dep.config.replicas.num_replicas))),
         ("replica-kill", "SIGKILL of the busiest replica mid-stream under load (clients retry twice)",
          True, lambda: cf.replica_kill(dep, cluster)),
     ]  # fmt: skip
@@ -253,6 +253,9 @@ def plugin_half(args: argparse.Namespace, scratch: Path) -> dict:
     srv = start_plugin_server(scratch / "plugin", additional, extra_env=keep)
     try:
         plan = request_probes(srv, max_model_len=512, budget=20000, max_body=262144, quick=args.quick)
+        if not args.quick:
+            plan.append(("engine-wedge", "SIGSTOP of the engine core for 10 s under load, then SIGCONT",
+                         True, lambda: cf.engine_wedge(srv, lambda: srv.pid)))  # fmt: skip
         rows = run(plan, plugin_measure(srv))
         listening = listener_rows(srv.pid)
     finally:
@@ -292,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and "serve" in modes:
         not_run.append("serve: disk-full, corrupt-state, engine-wedge, replica-kill (--quick)")
     if "plugin" in modes:
-        not_run.append("plugin: cursor-jump, churn, disk-full, corrupt-state, engine-wedge, replica-kill (not built "
-                       "for the plugin mode: its controller is inside the API server, reached by no Ray handle)")  # fmt: skip
+        not_run.append("plugin: cursor-jump and churn (the plugin's controller takes telemetry from its own engine "
+                       "in process: it has no intake another process can send to), replica-kill (one engine, no "
+                       "replica to fail over to), disk-full and corrupt-state (not built for this mode)"
+                       + (", engine-wedge (--quick)" if args.quick else ""))  # fmt: skip
     results["not_run"] = not_run
     results["wall_s"] = round(time.monotonic() - started)
     write(results, args.out, argv)

@@ -428,16 +428,20 @@ def flood(dep: Target, seconds: float = 15.0, readers: int = 16, concurrency: in
             "lost": len(result.failed)}  # fmt: skip
 
 
+def busiest_replica_pid(cluster: Cluster, replicas: int) -> int:
+    """The process of the model replica running the most requests (its actor's)."""
+    status = cluster.replica_status(replicas, timeout_s=10.0)
+    victim = max(sorted(status), key=lambda rid: status[rid]["running"])
+    return cluster.actor_pid(cluster.replica_actors()[victim])
+
+
 @contextlib.contextmanager
-def engine_stopped(cluster: Cluster, replicas: int) -> Iterator[list[int]]:
-    """SIGSTOP the engine processes of the busiest model replica (vLLM's engine core and its workers, children of
-    the replica's actor process) for the block; SIGCONT always follows. Yields the stopped pids."""
+def engine_stopped(root: int) -> Iterator[list[int]]:
+    """SIGSTOP the vLLM engine processes under ``root`` (the engine core and its workers: children of a model
+    replica's actor process, or of ``vllm serve``) for the block; SIGCONT always follows. Yields the stopped pids."""
     import os
     import signal
 
-    status = cluster.replica_status(replicas, timeout_s=10.0)
-    victim = max(sorted(status), key=lambda rid: status[rid]["running"])
-    root = cluster.actor_pid(cluster.replica_actors()[victim])
     pids = [p.pid for p in process_tree(root)[1:] if re.search(r"EngineCore|VLLM::", " ".join(_cmdline(p)))]
     pids = pids or [root]  # an in-process engine: the replica itself wedges
     for pid in pids:

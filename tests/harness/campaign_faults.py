@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -24,6 +24,7 @@ from harness.cluster import Cluster
 from harness.deployment import Deployment
 from harness.faults import scenario_replica_kill
 from harness.load import BackgroundLoad
+from harness.plugin import PluginServer
 
 
 def replica_kill(dep: Deployment, cluster: Cluster) -> dict:
@@ -36,12 +37,13 @@ def replica_kill(dep: Deployment, cluster: Cluster) -> dict:
             "replaced_and_registered_s": out["replaced_and_registered_s"]}  # fmt: skip
 
 
-def engine_wedge(dep: Deployment, cluster: Cluster, wedge_s: float = 10.0, base_s: float = 4.0) -> dict:
-    """SIGSTOP the engine of the busiest replica for ``wedge_s`` under load, then SIGCONT: what the clients saw."""
-    replicas = dep.config.replicas.num_replicas
+def engine_wedge(dep: Deployment | PluginServer, root: Callable[[], int], wedge_s: float = 10.0,
+                 base_s: float = 4.0) -> dict:  # fmt: skip
+    """SIGSTOP the engine under the process ``root()`` names (the busiest replica's, :func:`.campaign.busiest_replica_pid`,
+    or ``vllm serve``'s) for ``wedge_s`` under load, then SIGCONT: what the clients saw."""
     with BackgroundLoad(dep, duration_s=base_s + wedge_s + base_s, concurrency=4, max_tokens=16, max_retries=2) as load:
         time.sleep(base_s)
-        with engine_stopped(cluster, replicas) as pids:
+        with engine_stopped(root()) as pids:
             time.sleep(wedge_s)
     result = load.join(timeout_s=600)
     return {"answers": result.summary()["http_attempts"], "cases": result.sent, "lost": len(result.failed),
