@@ -7,6 +7,7 @@ behaviour, with Ray Serve LLM's own ``Batcher`` for the batched stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -102,7 +103,10 @@ def test_ray_serve_llms_batched_stream_reads_the_engine_even_when_nobody_reads_i
     async def run() -> None:
         dropped = batched(engine_stream(state))
         del dropped  # a request cancelled before Serve read its stream
-        await asyncio.sleep(0.3)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):  # however busy the machine, the engine runs to its end
+                while len(state) < 2:
+                    await asyncio.sleep(0.01)
 
     asyncio.run(run())
     assert state == ["started", "finished"]
