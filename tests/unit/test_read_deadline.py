@@ -237,3 +237,17 @@ def test_the_deadline_reaches_ray_serve_processes_through_the_environment() -> N
         with pytest.raises(ValueError, match=read_deadline.ENV):
             read_deadline.from_env({read_deadline.ENV: bad})
 
+
+def test_both_modes_take_the_deadline_from_their_config_and_refuse_a_non_positive_one() -> None:
+    from pydantic import ValidationError
+
+    from ebplus.deploy.config import HttpSection
+    from ebplus.deploy.vllm_plugin import PluginSettings
+
+    assert HttpSection().read_deadline_s == PluginSettings().read_deadline_s == read_deadline.DEFAULT_READ_DEADLINE_S
+    assert (
+        HttpSection(read_deadline_s=2.5).read_deadline_s == PluginSettings(read_deadline_s=2.5).read_deadline_s == 2.5
+    )
+    for model in (HttpSection, PluginSettings):
+        with pytest.raises(ValidationError, match="greater than 0"):
+            model(read_deadline_s=0)
