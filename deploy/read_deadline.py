@@ -119,7 +119,7 @@ def install(seconds: float) -> None:
 
 
 def disable() -> None:
-    """Watch no new connection (open ones are left to their reaper); :func:`install` turns it back on."""
+    """Watch no new connection and cut no open one; :func:`install` turns it back on."""
     _state.deadline_s = None
 
 

@@ -180,6 +180,7 @@ def keep_alive(port: int) -> list[bytes]:
 
 @pytest.mark.parametrize("http", ["httptools", "h11"])
 def test_stalled_clients_are_cut_and_slow_answers_are_not(http: str) -> None:
+    cut_before = read_deadline.cut_counts()
     with serving(http) as port, ThreadPoolExecutor(8) as pool:
         dribbled = pool.submit(dribble_head, port)
         no_body = pool.submit(head_without_body, port)
@@ -205,6 +206,8 @@ def test_stalled_clients_are_cut_and_slow_answers_are_not(http: str) -> None:
         assert took >= 2.0
         assert trickled.result().startswith(b"HTTP/1.1 200 ") and trickled.result().endswith(b"5")
         assert [a.split(b"\r\n", 1)[0] for a in reused.result()] == [b"HTTP/1.1 200 OK"] * 2
+    cut = read_deadline.cut_counts()
+    assert {phase: cut[phase] - cut_before[phase] for phase in cut} == {"head": 2, "body": 2}  # ours, nothing else
 
 
 def test_install_checks_the_deadline_and_is_idempotent() -> None:
