@@ -12,6 +12,7 @@ with EB+'s plugins (:mod:`harness.plugin`) and runs the request probes. ``tests/
     .venv/bin/python -m benchmarks.hostile_bench                  # both modes, every probe (~10 min on 2 cores)
     .venv/bin/python -m benchmarks.hostile_bench --quick          # the request probes, shorter, 100 churned ids
     .venv/bin/python -m benchmarks.hostile_bench --modes serve    # one mode
+    .venv/bin/python -m benchmarks.hostile_bench --quick --probes slow-loris   # one probe family, both modes
 
 Writes ``benchmarks/results/hostile.json`` and ``docs/benchmarks/results/hostile.md``.
 """
@@ -105,6 +106,17 @@ def plugin_measure(srv: PluginServer) -> Measure:
     return lambda name, probe, injected: cp.observe(name, srv, probe, version=srv.version,
                                                     engine_work=srv.engine_running, roles=cp.PLUGIN_ROLES,
                                                     injected=injected)  # fmt: skip
+
+
+def only(plan: list[Probe], names: str | None) -> list[Probe]:
+    """The probes of ``plan`` named in ``names`` (comma-separated; ``None``: all)."""
+    if names is None:
+        return plan
+    wanted = set(names.split(","))
+    unknown = wanted - {p[0] for p in plan}
+    if unknown:
+        raise SystemExit(f"--probes: no probe {', '.join(sorted(unknown))} here ({', '.join(p[0] for p in plan)})")
+    return [p for p in plan if p[0] in wanted]
 
 
 def run(plan: list[Probe], measure: Measure) -> list[dict]:
@@ -230,7 +242,7 @@ def serve_half(args: argparse.Namespace, scratch: Path, not_run: list[str]) -> d
             not_run.append(f"serve: disk-full ({reason or where})")
         try:
             with rel.Cluster(dep) as cluster:
-                plan = probes(dep, cluster, quick=args.quick, state_dir=state_dir, mounted=mounted)
+                plan = only(probes(dep, cluster, quick=args.quick, state_dir=state_dir, mounted=mounted), args.probes)
                 rows = run(plan, serve_measure(dep, cluster))
             listening = listener_rows(dep.pid)
         finally:
@@ -243,9 +255,10 @@ def serve_half(args: argparse.Namespace, scratch: Path, not_run: list[str]) -> d
 
 def plugin_half(args: argparse.Namespace, scratch: Path) -> dict:
     """The request probes on ``vllm serve`` with EB+'s plugins, with the limits of the serve half (an output budget
-    of 20,000 tokens, 256 KiB bodies). ``EBPLUS_ROOT`` is passed on when set: a checkout that points the editable
+    of 20,000 tokens, 256 KiB bodies, its read deadline). ``EBPLUS_ROOT`` is passed on when set: a checkout that points the editable
     install at another worktree with it (a development setup) must run that worktree's plugin."""
-    additional = {"ebplus": {**ADDITIONAL["ebplus"], "max_body_bytes": 262144,
+    deadline = yaml.safe_load(rel.FAULTS_CONFIG.read_text())["http"]["read_deadline_s"]
+    additional = {"ebplus": {**ADDITIONAL["ebplus"], "max_body_bytes": 262144, "read_deadline_s": deadline,
                              "replicas": {**ADDITIONAL["ebplus"]["replicas"], "max_request_output": 20000}}}  # fmt: skip
     keep = {k: os.environ[k] for k in ("EBPLUS_ROOT",) if k in os.environ}
     print("[hostile] starting vllm serve with the ebplus plugins ...", flush=True)
@@ -256,6 +269,7 @@ def plugin_half(args: argparse.Namespace, scratch: Path) -> dict:
         if not args.quick:
             plan.append(("engine-wedge", "SIGSTOP of the engine core for 10 s under load, then SIGCONT",
                          True, lambda: cf.engine_wedge(srv, lambda: srv.pid)))  # fmt: skip
+        plan = only(plan, args.probes)
         rows = run(plan, plugin_measure(srv))
         listening = listener_rows(srv.pid)
     finally:
@@ -271,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.hostile_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the request families, shorter, no faults")
     p.add_argument("--modes", default="serve,plugin", help="serve, plugin or both (default), comma-separated")
+    p.add_argument("--probes", default=None, help="only these probes, comma-separated (e.g. slow-loris)")
     p.add_argument("--attach", default=None, help="PID:LOG of a running `ebplus serve --config tests/e2e/faults.yaml`")
     p.add_argument("--admin-token", default=None, help="with --attach: the deployment's admin token")
     p.add_argument("--api-key", default=None, help="with --attach: the deployment's API key")
@@ -292,9 +307,11 @@ def main(argv: list[str] | None = None) -> int:
                 not_run.append(f"{mode}: everything ({type(exc).__name__}: {str(exc)[:300]})")
                 continue
             results[mode]["wall_s"] = round(time.monotonic() - t0)
-    if args.quick and "serve" in modes:
+    if args.probes:
+        not_run.append(f"every probe but {args.probes} (--probes)")
+    elif args.quick and "serve" in modes:
         not_run.append("serve: disk-full, corrupt-state, engine-wedge, replica-kill (--quick)")
-    if "plugin" in modes:
+    if "plugin" in modes and not args.probes:
         not_run.append("plugin: cursor-jump and churn (the plugin's controller takes telemetry from its own engine "
                        "in process: it has no intake another process can send to), replica-kill (one engine, no "
                        "replica to fail over to), disk-full and corrupt-state (not built for this mode)"

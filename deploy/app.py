@@ -197,6 +197,7 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
         # a replica heartbeats every fifth of its own stall_timeout_s: the longest one is safe for all
         stall_timeout_s=max(m.replicas.stall_timeout_s for m in models),
         progress_timeout_s=_longest(m.replicas.progress_timeout_s for m in models),
+        read_deadline_s=cfg.http.read_deadline_s,
     )
 
 

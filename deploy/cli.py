@@ -403,9 +403,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if conflict:
         raise CommandError(conflict)
     if not cfg.ray.address:  # the Ray cluster started here gets Ray Serve's throughput settings
-        from ebplus.deploy import serve_env
+        from ebplus.deploy import read_deadline, serve_env
 
         serve_env.apply()  # before Ray is imported: Ray Serve reads them at import
+        # Ray Serve's proxy, which answers http.port, is started before the app: the deadline reaches it this way
+        read_deadline.export(cfg.http.read_deadline_s)
 
     from ebplus.deploy.app import APP_NAME, model_path
 

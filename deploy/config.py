@@ -19,12 +19,21 @@ from ebplus import keys
 from ebplus.controller.config import ControllerConfig, CustomResources
 from ebplus.controller.cost_model import ProfileError, resolve_profile
 from ebplus.deploy import sources
+from ebplus.deploy.read_deadline import DEFAULT_READ_DEADLINE_S
 from ebplus.replicas.config import EngineSection, LoraSection, ReplicaSection, SchedulerSection
 
 BUILTIN_MODELS = ("builtin:smollm2", "builtin:tiny")
 
 #: Request bodies larger than this are refused with 413 (both the Ray ingress and the plain-vLLM plugin).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+#: ``read_deadline_s`` in both modes (``http.read_deadline_s`` here, the plugin's top-level key).
+READ_DEADLINE_HELP = (
+    "A connection is closed when its request head is not complete this many seconds after it was opened (or "
+    "after the first byte of its next request), or when its request body stops arriving for this long "
+    "(answered 408 first): slow or stalled clients cannot hold connections open. A request that has arrived "
+    "is never cut, however long its answer streams; idle keep-alive connections keep the server's own timeout."
+)
 
 
 class _Section(BaseModel):
@@ -80,6 +89,7 @@ class HttpSection(_Section):
         "connections over all of them, a proxy Serve is draining included.",
     )
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024, description="Larger request bodies are refused with 413.")
+    read_deadline_s: float = Field(DEFAULT_READ_DEADLINE_S, gt=0, description=READ_DEADLINE_HELP)
     cors_allow_origins: list[str] = Field(
         default_factory=list,
         description="Web origins allowed to call the API from a browser ('https://app.example.com'); none by "

@@ -43,7 +43,7 @@ from starlette.exceptions import HTTPException
 
 from ebplus.controller.actor import RayTransport
 from ebplus.controller.client import ControllerClient
-from ebplus.deploy import admin
+from ebplus.deploy import admin, read_deadline
 from ebplus.deploy.admin import AdminService
 from ebplus.deploy.auth import load_secret
 from ebplus.deploy.config import AuthSection
@@ -70,6 +70,8 @@ class EBPlusIngress(OpenAiIngress):
         model_id: served model name (the ``model`` label of the metrics).
         stall_timeout_s: a replica silent this long (no answer, no heartbeat) is given up on.
         progress_timeout_s: an answer that has not moved this long after its first item is given up on.
+        read_deadline_s: a client stalled this long while sending its request is cut
+            (:mod:`ebplus.deploy.read_deadline`).
     """
 
     def __init__(
@@ -82,7 +84,10 @@ class EBPlusIngress(OpenAiIngress):
         stall_timeout_s: float,
         progress_timeout_s: float | None = None,
         lora_paths: dict[str, str] | None = None,
+        read_deadline_s: float = read_deadline.DEFAULT_READ_DEADLINE_S,
     ) -> None:
+        # before this process's HTTP server accepts connections (Ray starts a direct-ingress server after this)
+        read_deadline.install(read_deadline_s)
         super().__init__(
             llm_deployments, model_cards, lora_paths=lora_paths, _get_lora_model_metadata_func=lora.adapter_metadata
         )

@@ -60,9 +60,9 @@ from pydantic import ConfigDict, Field, field_validator
 from ebplus.controller import exporter
 from ebplus.controller.actor import ControllerActor
 from ebplus.controller.client import ControllerClient, LocalTransport
-from ebplus.deploy import admin
+from ebplus.deploy import admin, read_deadline
 from ebplus.deploy.auth import load_secret
-from ebplus.deploy.config import DEFAULT_MAX_BODY_BYTES, AuthSection
+from ebplus.deploy.config import DEFAULT_MAX_BODY_BYTES, READ_DEADLINE_HELP, AuthSection
 from ebplus.deploy.middleware import BodySizeLimit, JsonBodyGuard
 from ebplus.replicas import settings
 from ebplus.replicas.budget import GENERATING_ROUTES, OutputBudget
@@ -112,6 +112,7 @@ class PluginSettings(settings.EngineSettings):
         ge=1024,
         description="Larger request bodies are refused with 413 on every route, before they are read in full.",
     )
+    read_deadline_s: float = Field(read_deadline.DEFAULT_READ_DEADLINE_S, gt=0, description=READ_DEADLINE_HELP)
 
     @field_validator("replicas")
     @classmethod
@@ -360,6 +361,8 @@ class EBPlusEndpoint:
             raise SystemExit(f"EB+ plugin: {exc}") from None
         self.runtime.install()
         state.ebplus = self.runtime
+        # vLLM's uvicorn server starts after this, in this process: every connection it accepts is watched
+        read_deadline.install(self.runtime.config.read_deadline_s)
 
 
 def _with_loop(inner: Callable[[Any], Any], plugin: EBPlusEndpoint) -> Callable[[Any], Any]:

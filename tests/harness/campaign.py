@@ -326,9 +326,25 @@ def _raw(dep: Target, kind: str, hold_s: float, max_tokens: int) -> str:
                 data = s.recv(4096)
             except TimeoutError:
                 return None
+            except ConnectionResetError:
+                data = b""
             if not data:
                 return f"closed by the server after {time.monotonic() - t0:.0f} s"
             return data.split(b"\r\n", 1)[0].decode(errors="replace")
+
+        def then() -> str:
+            """After an answer to a stalled request: whether the server also closed the connection."""
+            while time.monotonic() - t0 < hold_s:
+                try:
+                    if not s.recv(4096):
+                        break
+                except TimeoutError:
+                    continue
+                except ConnectionResetError:
+                    break
+            else:
+                return f"still open after {hold_s:.0f} s"
+            return f"closed by the server after {time.monotonic() - t0:.0f} s"
 
         if kind in ("send-and-leave", "stream-then-leave"):
             s.sendall(head + body)
@@ -346,12 +362,12 @@ def _raw(dep: Target, kind: str, hold_s: float, max_tokens: int) -> str:
                 except OSError:
                     return f"closed by the server after {time.monotonic() - t0:.0f} s"
                 if (seen := answered()) is not None:
-                    return seen
+                    return seen if seen.startswith("closed") else f"{seen}, {then()}"
         elif kind == "body-never-sent":
             s.sendall(head)
         while time.monotonic() - t0 < hold_s:  # silent (or waiting for the body): what does the server do?
             if (seen := answered()) is not None:
-                return seen
+                return seen if seen.startswith("closed") else f"{seen}, {then()}"
         return f"still open after {hold_s:.0f} s"
 
 
@@ -359,17 +375,28 @@ def slow_loris(dep: Target, hold_s: float = 20.0, max_tokens: int = 480) -> dict
     """20 connections that stall or are abandoned, all at once: 5 dribble their headers a byte a second, 5 send
     headers and never the body, 3 connect and say nothing, 3 send a long request and close at once, 4 read the
     first line of a long stream and close. Each waits at most ``hold_s`` for the server to answer or close.
-    Answers: the first line the server sent, or what became of the connection."""
+    Answers: the first line the server sent, or what became of the connection. ``stalled``: what became of the 13
+    stalled ones (``closed by the server``, with or without an answer first, or ``open at the end``)."""
     kinds = ["dribble-headers"] * 5 + ["body-never-sent"] * 5 + ["silent"] * 3
     kinds += ["send-and-leave"] * 3 + ["stream-then-leave"] * 4
     with ThreadPoolExecutor(len(kinds)) as pool:
         seen = list(pool.map(lambda k: _raw(dep, k, hold_s, max_tokens), kinds))
     answers = Counter(_status_of(s) for s in seen)
+    stalled = Counter(
+        "open at the end" if "still open" in s else "closed by the server" if "closed by the server" in s else "other"
+        for k, s in zip(kinds, seen, strict=True)
+        if k in STALLED
+    )
     return {
         "answers": answers,
         "cases": len(kinds),
+        "stalled": dict(stalled),
         "outcomes": dict(Counter(f"{k}: {s}" for k, s in zip(kinds, seen, strict=True))),
     }
+
+
+#: The kinds of :func:`slow_loris` connection that stall while sending their request.
+STALLED = ("dribble-headers", "body-never-sent", "silent")
 
 
 def _status_of(seen: str) -> str:

@@ -547,3 +547,17 @@ def test_cpu_example_has_no_gpu(helm: str) -> None:
     config = parse_config(app_args(docs))
     assert config.replicas.accelerator == "cpu" and config.replicas.accelerator_type is None
     assert config.model.source == "builtin:tiny" and config.model.cache_dir.startswith("/home/ray/.cache/")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_ray_container_gets_the_read_deadline_hook(helm: str, case: str) -> None:
+    """Ray Serve's proxy answers the API: it is started before the app, so the deadline reaches it by env
+    (``ebplus.deploy.read_deadline``); unset, the hook takes the config's default."""
+    from ebplus.deploy import read_deadline
+
+    for container in ray_containers(render(helm, case)).values():
+        env = env_of(container)
+        assert env[read_deadline.RAY_CALLBACK_ENV]["value"] == read_deadline.RAY_CALLBACK
+        assert read_deadline.ENV not in env
+    for container in ray_containers(render_with(helm, case, "config.http.read_deadline_s=4")).values():
+        assert env_of(container)[read_deadline.ENV]["value"] == "4"

@@ -105,7 +105,9 @@ Ray workers inherit the raylet's environment, so the Serve replicas see them on 
 {{/*
 Env of every Ray container (head and each worker group; KubeRay copies it to the workers'
 wait-gcs-ready init container): the credentials and the Hub token from their Secrets, HF_HOME
-on the model cache, and, with servingPlane.tuned, Ray Serve's settings from files/serve-env.yaml
+on the model cache, the read deadline of Ray Serve's HTTP servers (Ray's hook into the processes
+that serve HTTP, and config.http.read_deadline_s when set: ebplus.deploy.read_deadline), and, with
+servingPlane.tuned, Ray Serve's settings from files/serve-env.yaml
 (generated from ebplus.deploy.serve_env.SERVE_ENV, the list `ebplus serve` uses). The group's own
 env entries (head.env, workerGroups[].env) win: a variable they name is not rendered twice.
 Call with (dict "root" $ "group" <head or group values>).
@@ -120,6 +122,10 @@ Call with (dict "root" $ "group" <head or group values>).
 {{- $env = append $env (dict "name" "HF_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" . "key" (include "ebplus.hfSecretKey" $root)))) }}
 {{- end }}
 {{- $env = append $env (dict "name" "HF_HOME" "value" $root.Values.hf.cache.mountPath) }}
+{{- $env = append $env (dict "name" "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH" "value" "ebplus.deploy.read_deadline:ray_http_callback") }}
+{{- with ((($root.Values.config).http).read_deadline_s) }}
+{{- $env = append $env (dict "name" "EBPLUS_HTTP_READ_DEADLINE_S" "value" (toString .)) }}
+{{- end }}
 {{- if $root.Values.servingPlane.tuned }}
 {{- range $name, $value := $root.Files.Get "files/serve-env.yaml" | fromYaml }}
 {{- $env = append $env (dict "name" $name "value" (toString $value)) }}
