@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +47,7 @@ import yaml
 
 from benchmarks.e2e_bench import warm_up
 from benchmarks.outputs import SUMMARY_DIR, write_summary
-from harness import Cluster, start_deployment, stop_deployment
+from harness import Cluster, Deployment, start_deployment, stop_deployment
 from harness.load import BackgroundLoad, Outcome, percentile
 
 #: Relative to the repository root, where the benchmarks run (as :data:`~benchmarks.outputs.SUMMARY_DIR`).
@@ -131,7 +131,7 @@ def slo_figures(outcomes: Sequence[Outcome], ttft_s: float) -> dict:
 class Sampler:
     """A thread that polls Serve's replica states (and the controller's scaling decisions) during a run."""
 
-    def __init__(self, cluster: Cluster, dep: object, history: bool) -> None:
+    def __init__(self, cluster: Cluster, dep: Deployment, history: bool) -> None:
         self.cluster, self.dep, self.history = cluster, dep, history
         self.paid: list[tuple[float, int]] = []  # every replica Serve has, starting and stopping ones too
         self.asked: list[tuple[float, int]] = []  # those not leaving: what the autoscaler asks for
@@ -153,7 +153,7 @@ class Sampler:
             if self.history and now >= next_history:
                 next_history = now + HISTORY_EVERY_S
                 with contextlib.suppress(Exception):
-                    for d in self.dep.admin("/admin/history?limit=200")["scaling"]:  # type: ignore[attr-defined]
+                    for d in self.dep.admin("/admin/history?limit=200")["scaling"]:
                         self.decisions[d["at"]] = d
             self._stop.wait(max(0.0, SAMPLE_EVERY_S - (time.monotonic() - now)))
 
@@ -264,14 +264,13 @@ def _spread(values: Sequence[float], fmt: str) -> str:
     return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
 
 
-def _compare(rows: list[dict], key: str, fmt: str, ratio: bool) -> str:
+def _compare(rows: list[dict], get: Callable[[dict], float], fmt: str, ratio: bool) -> str:
     """Policy-first against the default within each round (ratio or difference), median (min-max); "no
     difference" when the rounds straddle equality or the two autoscalers' ranges overlap."""
     pairs = [{r["autoscaler"]: r for r in rows if r["round"] == n} for n in sorted({r["round"] for r in rows})]
     pairs = [p for p in pairs if set(POLICIES) <= p.keys()]
     if not pairs:
         return "—"
-    get = (lambda r: r[key]) if "." not in key else (lambda r: r[key.split(".")[0]][key.split(".")[1]])
     values = [get(p["policy-first"]) / get(p["default"]) if ratio else get(p["policy-first"]) - get(p["default"])
               for p in pairs]  # fmt: skip
     one, other = [get(p["default"]) for p in pairs], [get(p["policy-first"]) for p in pairs]
@@ -319,8 +318,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
     lines += [
         "",
         "Policy-first against the default autoscaler, round by round: replica-seconds "
-        f"{_compare(rows, 'replica_seconds', '.3f', True)}; TTFT attainment {_compare(rows, 'attainment', '+.3f', False)}"
-        f" (at the peak {_compare(rows, 'peak.attainment', '+.3f', False)}).",
+        f"{_compare(rows, lambda r: r['replica_seconds'], '.3f', True)}; TTFT attainment {_compare(rows, lambda r: r['attainment'], '+.3f', False)}"
+        f" (at the peak {_compare(rows, lambda r: r['peak']['attainment'], '+.3f', False)}).",
         "",
         "Each run (times in seconds from the trace's start; the scale events are the replicas asked for, as Serve "
         "reported them; decisions: policy-first's answers in `/admin/history`, by action):",
