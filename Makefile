@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ebplus-installed
 CONFIG ?= deploy/local.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit vllm-venv vllm-ci-venv test-vllm test-vllm-ci lint docs serve models bench-sim bench-fleet bench-routing bench-autoscaling bench-controller bench-hostile gpu-probe clean
+.PHONY: install test test-unit vllm-venv vllm-ci-venv test-vllm test-vllm-ci lint docs serve models bench-sim bench-fleet bench-routing bench-autoscaling bench-autoscaling-real bench-controller bench-hostile gpu-probe clean
 
 install: $(STAMP)
 
@@ -100,6 +100,10 @@ bench-routing: install models
 # policy-first autoscaling against Serve's default in the fleet simulator; ARGS: see --help
 bench-autoscaling: install
 	$(PY) -m benchmarks.autoscaling_bench $(ARGS)
+
+# the same against Serve's default on a real deployment, 1 -> 2 CPU replicas under a ramp (~22 min); ARGS: see --help
+bench-autoscaling-real: install models
+	$(PY) -m benchmarks.autoscaling_real $(ARGS)
 
 # the hostile-input and fault campaign of issue 23: `ebplus serve` (tiny model, two CPU replicas; the disk-full
 # probe mounts an 8 MiB tmpfs, root only), then `vllm serve` with the plugins; ARGS: --quick, --modes, see --help

@@ -139,11 +139,16 @@ class Cluster:
         app = serve.status().applications["ebplus"]
         return next(name for name in app.deployments if name.startswith("EBPlusServer"))
 
-    def running_replicas(self) -> int:
+    def replica_states(self) -> dict[str, int]:
+        """Serve's count of model replicas in each state (``STARTING``, ``RUNNING``, ``STOPPING``...)."""
         from ray import serve
 
         app = serve.status().applications["ebplus"]
-        return int(app.deployments[self.llm_deployment()].replica_states.get("RUNNING", 0))
+        states = app.deployments[self.llm_deployment()].replica_states
+        return {str(getattr(state, "value", state)): int(n) for state, n in states.items()}  # keys: str enums
+
+    def running_replicas(self) -> int:
+        return self.replica_states().get("RUNNING", 0)
 
     def replica_actors(self) -> dict[str, str]:
         """Serve replica id -> named actor of every model replica (starting ones included)."""

@@ -7,7 +7,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ class Outcome:
     kind: str  # completion | chat, + "-stream"
     started: float
     ended: float = 0.0
+    first: float = 0.0  # a stream's first chunk with text (its time to first token); 0: none, or not a stream
     ok: bool = False
     error: str = ""
     chunks: int = 0
@@ -100,6 +101,12 @@ class LoadResult:
         }
 
 
+def _text(choice: Any) -> str:
+    """The text a stream's chunk carries (a completion's ``text``, a chat's ``delta.content``)."""
+    delta = getattr(choice, "delta", None)
+    return (getattr(delta, "content", None) if delta is not None else getattr(choice, "text", None)) or ""
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The ``q``-th percentile of sorted ``values`` (nearest rank, rounded to ms); None when empty."""
     if not values:
@@ -120,6 +127,7 @@ async def run_load(
     timeout_s: float = 120.0,
     ignore_eos: bool = False,
     rate_per_s: float | Callable[[], float] | None = None,
+    arrivals_s: Sequence[float] | None = None,
     seed: int = 0,
     stop: threading.Event | None = None,
     on_start: Callable[[], Any] | None = None,
@@ -131,7 +139,9 @@ async def run_load(
     request when the last one ended. Open loop: requests arrive as a Poisson process
     of ``rate_per_s`` whatever the server does (the load a fault does not slow down);
     a callable rate is read before each arrival (a ramp; 0 pauses arrivals), and
-    ``concurrency`` only sizes the connection pool. Either stops after ``requests``
+    ``concurrency`` only sizes the connection pool. ``arrivals_s`` (offsets from the
+    start, ascending) is an open loop on a fixed trace instead: the same arrivals on
+    every run, whatever the clock did between them. Either stops after ``requests``
     requests, ``duration_s`` seconds or ``stop`` being set, whichever comes first. ``max_retries`` is the
     client's own retry budget (it retries connection errors, 429 and 5xx, honouring
     ``Retry-After``); every HTTP answer is counted, per request too. A stream counts as
@@ -140,8 +150,10 @@ async def run_load(
     """
     from openai import AsyncOpenAI
 
+    if arrivals_s is not None:
+        requests = len(arrivals_s) if requests is None else min(requests, len(arrivals_s))
     if requests is None and duration_s is None:
-        raise ValueError("give requests or duration_s")
+        raise ValueError("give requests, duration_s or arrivals_s")
     result = LoadResult() if into is None else into  # ``into``: readable while the load runs
 
     by_index: dict[str, Outcome] = {}
@@ -199,6 +211,8 @@ async def run_load(
                 finish = None
                 async for chunk in await api.create(stream=True, **kwargs):
                     out.chunks += 1
+                    if not out.first and chunk.choices and _text(chunk.choices[0]):
+                        out.first = time.monotonic()
                     if chunk.choices and chunk.choices[0].finish_reason:
                         finish = chunk.choices[0].finish_reason
                 out.ok = finish is not None
@@ -222,6 +236,18 @@ async def run_load(
                 return
             await one(i)
 
+    async def scheduled() -> None:
+        assert arrivals_s is not None
+        tasks = []
+        for i in counter:
+            due = started + arrivals_s[i]
+            while time.monotonic() < due and not over():
+                await asyncio.sleep(min(0.2, due - time.monotonic()))
+            if over():
+                break
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+
     async def arrivals() -> None:
         assert rate_per_s is not None
         rng = random.Random(seed)
@@ -243,7 +269,9 @@ async def run_load(
     if on_start is not None:
         on_start()
     try:
-        if rate_per_s is None:
+        if arrivals_s is not None:
+            await scheduled()
+        elif rate_per_s is None:
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         else:
             await arrivals()
