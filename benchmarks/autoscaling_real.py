@@ -46,7 +46,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.e2e_bench import warm_up
-from benchmarks.outputs import SUMMARY_DIR, write_summary
+from benchmarks.outputs import SUMMARY_DIR, interleaved, write_summary
 from harness import Cluster, Deployment, start_deployment, stop_deployment
 from harness.load import BackgroundLoad, Outcome, percentile
 
@@ -357,10 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="ebplus-autoscaling-") as tmp:
-        for round_ in range(1, args.rounds + 1):
-            order = args.policies if round_ % 2 else list(reversed(args.policies))
-            for policy in order:
-                rows.append(run_once(args, policy, round_, Path(tmp)))
+        for round_, policy in interleaved(args.rounds, args.policies):
+            rows.append(run_once(args, policy, round_, Path(tmp)))
     command = "python -m benchmarks.autoscaling_real " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = markdown(rows, args, command.strip(), time.monotonic() - started)
     write_summary(

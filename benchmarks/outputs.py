@@ -1,4 +1,5 @@
-"""Where benchmark outputs go: summaries into the docs site, raw data into an ignored folder.
+"""Where benchmark outputs go: summaries into the docs site, raw data into an ignored folder; and the
+interleaved order of rounds that makes the figures one summary compares comparable.
 
 The summaries (Markdown tables, PNG plots) are committed under ``docs/benchmarks/results/``,
 so each benchmark page of the documentation site shows the figures it quotes. The raw JSON
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 #: Committed: the tables and plots the benchmark pages show.
@@ -48,3 +50,11 @@ def write_summary(out: Path, title: str, lines: list[str], raw: list[dict], name
     out.write_text(f"# {title}\n\n" + "\n".join(lines) + "\n")
     raw_path(out).write_text(json.dumps(raw, indent=1))
     print(f"{name}: wrote {out}", file=sys.stderr)
+
+
+def interleaved(rounds: int, arms: Sequence[str]) -> Iterator[tuple[int, str]]:
+    """``(round, arm)`` for ``rounds`` rounds (from 1) of every arm, the order reversed every other round, so
+    that a drift of the machine over a run falls on every arm alike (the figures a summary compares)."""
+    for round_ in range(1, rounds + 1):
+        for arm in arms if round_ % 2 else list(reversed(arms)):
+            yield round_, arm

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.e2e_bench import random_dataset, serving_benchmark, warm_up
-from benchmarks.outputs import SUMMARY_DIR, write_summary
+from benchmarks.outputs import SUMMARY_DIR, interleaved, write_summary
 from ebplus.deploy.app import model_path
 from harness import start_deployment, stop_deployment
 from harness.routing import ROUTING_CONFIG
@@ -149,10 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="ebplus-routing-") as tmp:
-        for round_ in range(1, args.rounds + 1):
-            order = args.routers if round_ % 2 else list(reversed(args.routers))
-            for router in order:
-                rows += run_router(args, router, round_, Path(tmp))
+        for round_, router in interleaved(args.rounds, args.routers):
+            rows += run_router(args, router, round_, Path(tmp))
     command = "python -m benchmarks.routing_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = markdown(rows, args, command.strip(), time.monotonic() - started)
     write_summary(Path(args.out), "Phase-aware routing on a real deployment", lines, rows, "routing_bench")

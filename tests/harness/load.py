@@ -229,6 +229,12 @@ async def run_load(
     def over() -> bool:
         return (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop.is_set())
 
+    async def reached(due: float) -> bool:
+        """Sleep until ``due`` (monotonic); whether the load is still on then."""
+        while time.monotonic() < due and not over():
+            await asyncio.sleep(min(0.2, due - time.monotonic()))
+        return not over()
+
     async def worker() -> None:
         while not over():
             i = next(counter, None)
@@ -240,10 +246,7 @@ async def run_load(
         assert arrivals_s is not None
         tasks = []
         for i in counter:
-            due = started + arrivals_s[i]
-            while time.monotonic() < due and not over():
-                await asyncio.sleep(min(0.2, due - time.monotonic()))
-            if over():
+            if not await reached(started + arrivals_s[i]):
                 break
             tasks.append(asyncio.create_task(one(i)))
         await asyncio.gather(*tasks)
@@ -259,9 +262,7 @@ async def run_load(
                 due = time.monotonic()
                 rate = rate_per_s() if callable(rate_per_s) else rate_per_s
             due += rng.expovariate(rate) if rate > 0 else 0.0
-            while time.monotonic() < due and not over():
-                await asyncio.sleep(min(0.2, due - time.monotonic()))
-            if over():
+            if not await reached(due):
                 break
             tasks.append(asyncio.create_task(one(i)))
         await asyncio.gather(*tasks)

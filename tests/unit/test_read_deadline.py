@@ -126,15 +126,7 @@ def slow_answer(port: int) -> tuple[bytes, float]:
     t0 = time.monotonic()
     with connect(port) as sock:
         sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-        data = b""
-        while b"0\r\n\r\n" not in data and time.monotonic() - t0 < 5:
-            try:
-                chunk = sock.recv(4096)
-            except TimeoutError:
-                continue
-            if not chunk:
-                break
-            data += chunk
+        data = read_until(sock, lambda d: b"0\r\n\r\n" in d, 5)
         return data, time.monotonic() - t0
 
 
@@ -145,17 +137,21 @@ def slow_body(port: int) -> bytes:
         for byte in b"abcde":
             time.sleep(0.5)
             sock.sendall(bytes([byte]))
-        data = b""
-        t0 = time.monotonic()
-        while not data.endswith(b"\r\n\r\n5") and time.monotonic() - t0 < 2:
-            try:
-                chunk = sock.recv(4096)
-            except TimeoutError:
-                continue
-            if not chunk:
-                break
-            data += chunk
-        return data
+        return read_until(sock, lambda d: d.endswith(b"\r\n\r\n5"), 2)
+
+
+def read_until(sock: socket.socket, done: Callable[[bytes], bool], limit_s: float) -> bytes:
+    """What ``sock`` sends until ``done`` says it is all there, it closes, or ``limit_s`` passes."""
+    data, t0 = b"", time.monotonic()
+    while not done(data) and time.monotonic() - t0 < limit_s:
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def keep_alive(port: int) -> list[bytes]:
@@ -165,16 +161,7 @@ def keep_alive(port: int) -> list[bytes]:
         for pause in (0.0, 1.5):
             time.sleep(pause)
             sock.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
-            data = b""
-            while not data.endswith(b"ok"):
-                try:
-                    chunk = sock.recv(4096)
-                except TimeoutError:
-                    continue
-                if not chunk:
-                    break
-                data += chunk
-            answers.append(data)
+            answers.append(read_until(sock, lambda d: d.endswith(b"ok"), 5))
     return answers
 
 
