@@ -190,13 +190,14 @@ def _wrap(cls: type) -> None:
     def data_received(self: Any, data: bytes) -> None:
         before = self.cycle
         received(self, data)
-        watch = _watch_of(self)
+        reaper = _reapers.get(asyncio.get_running_loop())
+        watch = None if reaper is None else reaper.watches.get(self)
         if watch is not None:
             watch.received(self, before)
 
     @functools.wraps(lost)
     def connection_lost(self: Any, exc: Exception | None) -> None:
-        reaper = _watch_owner(self)
+        reaper = _reapers.get(asyncio.get_running_loop())
         if reaper is not None:
             reaper.forget(self)
         lost(self, exc)
@@ -262,13 +263,11 @@ class _Reaper:
 
     def watch(self, protocol: Any) -> None:
         self.watches[protocol] = _Watch(self.loop)
-        _owners[protocol] = self
         if self.timer is None:
             self._schedule()
 
     def forget(self, protocol: Any) -> None:
         self.watches.pop(protocol, None)
-        _owners.pop(protocol, None)
 
     def _schedule(self) -> None:
         limit = _state.deadline_s or DEFAULT_READ_DEADLINE_S
@@ -301,8 +300,8 @@ class _Reaper:
         logger.debug("closed a connection from %s stalled in its request %s", getattr(protocol, "client", None), phase)
 
 
+#: The reaper of each event loop; a connection's callbacks run on its loop, so they find its watch there.
 _reapers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Reaper] = weakref.WeakKeyDictionary()
-_owners: weakref.WeakKeyDictionary[Any, _Reaper] = weakref.WeakKeyDictionary()
 
 
 def _reaper() -> _Reaper:
@@ -311,12 +310,3 @@ def _reaper() -> _Reaper:
     if reaper is None:
         reaper = _reapers[loop] = _Reaper(loop)
     return reaper
-
-
-def _watch_owner(protocol: Any) -> _Reaper | None:
-    return _owners.get(protocol)
-
-
-def _watch_of(protocol: Any) -> _Watch | None:
-    reaper = _owners.get(protocol)
-    return None if reaper is None else reaper.watches.get(protocol)
