@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.outputs import SUMMARY_DIR, write_summary
+from benchmarks.outputs import SUMMARY_DIR, spread, write_summary
 from ebplus.controller.config import ControllerConfig, PlannerConfig, SloConfig
 from ebplus.controller.cost_model import resolve_profile
 from ebplus.deploy.routing import make_router
@@ -88,10 +87,6 @@ def run(args: argparse.Namespace, name: str, trace: str, seed: int, capacity: fl
     return rows
 
 
-def _spread(values: list[float], fmt: str) -> str:
-    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
-
-
 def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: float, capacity: dict) -> list[str]:
     caps = ", ".join(f"{p} {c:.1f} req/s" for p, c in capacity.items())
     lines = [
@@ -108,11 +103,11 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
     for profile, trace in itertools.product(args.profiles, args.traces):
         for policy in POLICIES:
             runs = [r for r in rows if (r["profile"], r["trace"], r["autoscaler"]) == (profile, trace, policy)]
-            lever = _spread([r["policy_decisions"] for r in runs], ".0f") if policy == "policy-first" else "—"
+            lever = spread([r["policy_decisions"] for r in runs], ".0f") if policy == "policy-first" else "—"
             lines.append(
-                f"| {profile} | {trace} | {policy} | {_spread([r['replica_seconds'] for r in runs], ',.0f')} | "
-                f"{_spread([r['ttft_attainment'] for r in runs], '.3f')} | "
-                f"{_spread([r['scale_events'] for r in runs], '.0f')} | {_spread([r['ttft_p99_s'] for r in runs], '.2f')} "
+                f"| {profile} | {trace} | {policy} | {spread([r['replica_seconds'] for r in runs], ',.0f')} | "
+                f"{spread([r['ttft_attainment'] for r in runs], '.3f')} | "
+                f"{spread([r['scale_events'] for r in runs], '.0f')} | {spread([r['ttft_p99_s'] for r in runs], '.2f')} "
                 f"| {lever} |"
             )
     lines += ["", "Policy-first over the default autoscaler, seed by seed:", "",
@@ -124,7 +119,7 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
         ]
         rs = [p["policy-first"]["replica_seconds"] / p["default"]["replica_seconds"] for p in pairs]
         att = [p["policy-first"]["ttft_attainment"] - p["default"]["ttft_attainment"] for p in pairs]
-        lines.append(f"| {profile} | {trace} | {_spread(rs, '.3f')} | {_spread(att, '+.3f')} |")
+        lines.append(f"| {profile} | {trace} | {spread(rs, '.3f')} | {spread(att, '+.3f')} |")
     return lines
 
 

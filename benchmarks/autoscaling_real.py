@@ -33,7 +33,6 @@ import contextlib
 import itertools
 import random
 import secrets
-import statistics
 import sys
 import tempfile
 import threading
@@ -46,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.e2e_bench import warm_up
-from benchmarks.outputs import SUMMARY_DIR, interleaved, write_summary
+from benchmarks.outputs import SUMMARY_DIR, interleaved, spread, write_summary
 from harness import Cluster, Deployment, start_deployment, stop_deployment
 from harness.load import BackgroundLoad, Outcome, percentile
 
@@ -260,10 +259,6 @@ def _changes(decisions: Sequence[dict]) -> list[dict]:
     return out
 
 
-def _spread(values: Sequence[float], fmt: str) -> str:
-    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
-
-
 def _compare(rows: list[dict], get: Callable[[dict], float], fmt: str, ratio: bool) -> str:
     """Policy-first against the default within each round (ratio or difference), median (min-max); "no
     difference" when the rounds straddle equality or the two autoscalers' ranges overlap."""
@@ -275,7 +270,7 @@ def _compare(rows: list[dict], get: Callable[[dict], float], fmt: str, ratio: bo
               for p in pairs]  # fmt: skip
     one, other = [get(p["default"]) for p in pairs], [get(p["policy-first"]) for p in pairs]
     same = min(values) <= (1 if ratio else 0) <= max(values) or (min(other) <= max(one) and min(one) <= max(other))
-    return _spread(values, fmt) + ("×" if ratio else "") + (" — no difference" if same else "")
+    return spread(values, fmt) + ("×" if ratio else "") + (" — no difference" if same else "")
 
 
 def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: float) -> list[str]:
@@ -309,11 +304,11 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
         ups = [sum(e["kind"] == "up" for e in r["scale_events"]) for r in runs]
         downs = [sum(e["kind"] == "down" for e in r["scale_events"]) for r in runs]
         lines.append(
-            f"| {policy} | {_spread([r['replica_seconds'] for r in runs], ',.0f')} "
-            f"| {_spread([r['attainment'] for r in runs], '.3f')} | {_spread([r['peak']['attainment'] for r in runs], '.3f')} "
-            f"| {_spread([r['ttft_p50_s'] for r in runs], '.2f')} | {_spread([r['ttft_p99_s'] for r in runs], '.2f')} "
-            f"| {_spread([r['e2e_p99_s'] for r in runs], '.2f')} | {sum(r['failed'] for r in runs)} "
-            f"| {_spread(ups, '.0f')} / {_spread(downs, '.0f')} |"
+            f"| {policy} | {spread([r['replica_seconds'] for r in runs], ',.0f')} "
+            f"| {spread([r['attainment'] for r in runs], '.3f')} | {spread([r['peak']['attainment'] for r in runs], '.3f')} "
+            f"| {spread([r['ttft_p50_s'] for r in runs], '.2f')} | {spread([r['ttft_p99_s'] for r in runs], '.2f')} "
+            f"| {spread([r['e2e_p99_s'] for r in runs], '.2f')} | {sum(r['failed'] for r in runs)} "
+            f"| {spread(ups, '.0f')} / {spread(downs, '.0f')} |"
         )
     lines += [
         "",

@@ -13,6 +13,7 @@ docs give.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -58,3 +59,9 @@ def interleaved(rounds: int, arms: Sequence[str]) -> Iterator[tuple[int, str]]:
     for round_ in range(1, rounds + 1):
         for arm in arms if round_ % 2 else list(reversed(arms)):
             yield round_, arm
+
+
+def spread(values: Sequence[float], fmt: str) -> str:
+    """``median (min–max)`` of ``values``, each formatted with ``fmt`` (``format``'s spec): how the summaries
+    quote repeated rounds or seeds."""
+    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import secrets
-import statistics
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.e2e_bench import random_dataset, serving_benchmark, warm_up
-from benchmarks.outputs import SUMMARY_DIR, interleaved, write_summary
+from benchmarks.outputs import SUMMARY_DIR, interleaved, spread, write_summary
 from ebplus.deploy.app import model_path
 from harness import start_deployment, stop_deployment
 from harness.routing import ROUTING_CONFIG
@@ -84,11 +83,6 @@ def run_router(args: argparse.Namespace, router: str, round_: int, workdir: Path
     return rows
 
 
-def _spread(values: list[float], digits: int = 0) -> str:
-    f = f"{{:,.{digits}f}}"
-    return f"{f.format(statistics.median(values))} ({f.format(min(values))}–{f.format(max(values))})"
-
-
 def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: float) -> list[str]:
     """The summary: per rate, each router's figures and the phase router's within-round ratios."""
     lines = [
@@ -103,7 +97,7 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
     for rate in args.rates:
         for router in args.routers:
             runs = [r for r in rows if r["rate"] == rate and r["router"] == router]
-            cells = [_spread([r[k] for r in runs], 1 if k != "total_tok_per_s" else 0) for k in FIGURES]
+            cells = [spread([r[k] for r in runs], ",.1f" if k != "total_tok_per_s" else ",.0f") for k in FIGURES]
             lines.append(f"| {rate:g} | {router} | {' | '.join(cells)} | {sum(r['failed'] for r in runs)} |")
     if "default" in args.routers and len(args.routers) > 1:
         lines += ["", "Within each round, each router over `default` (median, min–max over the rounds):", ""]
@@ -116,7 +110,9 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
                     if router in pair and "default" in pair:
                         for k in FIGURES:
                             ratios[k].append(pair[router][k] / pair["default"][k])
-                cells = [_spread(v, 3) + (" (no difference)" if min(v) <= 1 <= max(v) else "") for v in ratios.values()]
+                cells = [
+                    spread(v, ",.3f") + (" (no difference)" if min(v) <= 1 <= max(v) else "") for v in ratios.values()
+                ]
                 lines.append(f"| {rate:g} | {router} | {' | '.join(cells)} |")
     views = [r["router_view"] for r in rows if r["router_view"] and r["router"] != "default"]
     if views:
@@ -125,7 +121,7 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
         lines += [
             "",
             "Board router decision time (board lookup included; per deployment, every decision of its warm-up and "
-            f"runs): p50 {_spread(p50, 1)} µs, p99 {_spread(p99, 1)} µs over {len(views)} deployments; "
+            f"runs): p50 {spread(p50, ',.1f')} µs, p99 {spread(p99, ',.1f')} µs over {len(views)} deployments; "
             f"{sum(v['decisions'] for v in views):,} decisions, {sum(v['fallbacks'] for v in views):,} of them "
             "left to power of two choices (no fresh board).",
         ]
