@@ -456,8 +456,7 @@ class RayTransport:
                 raise ControllerUnavailable("controller actor not found")
         try:
             ref = getattr(self._handle, method).remote(*args, **kwargs)
-            async with asyncio.timeout(timeout_s):  # not wait_for: see board.publish_forever
-                return await ref
+            return await asyncio.wait_for(ref, timeout_s)
         except (TimeoutError, RayError) as exc:
             self._handle = None  # look it up again next time
             raise ControllerUnavailable(f"{type(exc).__name__}: {exc}".splitlines()[0]) from None

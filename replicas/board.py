@@ -142,8 +142,7 @@ class BoardActor:
         self._ensure_hints_task()
         if self.store.version <= after:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await self._changed.wait()
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
         return self.store.since(after)
 
     async def refused(self) -> dict[str, int]:
@@ -194,8 +193,7 @@ async def leave(replica_id: str, timeout_s: float = 2.0) -> None:
     try:
         handle = await asyncio.to_thread(get_board)
         if handle is not None:
-            async with asyncio.timeout(timeout_s):
-                await handle.leave.remote(replica_id)
+            await asyncio.wait_for(handle.leave.remote(replica_id), timeout_s)
     except Exception as exc:  # never let the goodbye block the shutdown
         logger.info("replica %s: could not take its phase board down: %s", replica_id, exc)
 

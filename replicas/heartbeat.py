@@ -97,9 +97,7 @@ async def without_heartbeats(
                 left = max(progress_by - loop.time(), 0.0)
                 wait = left if wait is None else min(wait, left)
             try:
-                # asyncio.timeout, not wait_for: see board.publish_forever (a client that leaves must end the loop)
-                async with asyncio.timeout(wait):
-                    item = await anext(stream)
+                item = await asyncio.wait_for(anext(stream), wait)
             except StopAsyncIteration:
                 return
             except TimeoutError:
