@@ -59,6 +59,16 @@ def test_haproxy_gets_free_ports_of_its_own_unless_set() -> None:
     assert all(f'"{key}"' in source for key in source_keys)
 
 
+def _wait_for_cmdline(pid: int, needle: str, timeout_s: float = 10.0) -> None:
+    import time
+    from pathlib import Path
+
+    deadline = time.monotonic() + timeout_s
+    while needle.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, f"/proc/{pid}/cmdline never named {needle}"
+        time.sleep(0.01)
+
+
 def test_haproxy_files_are_private_to_the_deployment_and_removed_at_the_stop() -> None:
     """Ray Serve's HAProxy admin socket is mode 666 with level admin, under a /tmp directory every deployment
     shares and none removes: each start gets a directory of its own (0700), gone after cleanup()."""
@@ -80,6 +90,9 @@ def test_haproxy_files_are_private_to_the_deployment_and_removed_at_the_stop() -
         lingering = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(config)])
         bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "/tmp/elsewhere"])
         try:
+            # right after exec, this machine's /proc may still show an empty command line for a few ms: the
+            # HAProxy the cleanup is for has run for the whole deployment, so wait until the child shows it
+            _wait_for_cmdline(lingering.pid, str(config))
             assert serve_env.cleanup(env) == [lingering.pid]
             assert lingering.wait(timeout=5) is not None and bystander.poll() is None
         finally:
