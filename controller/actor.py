@@ -456,7 +456,8 @@ class RayTransport:
                 raise ControllerUnavailable("controller actor not found")
         try:
             ref = getattr(self._handle, method).remote(*args, **kwargs)
-            return await asyncio.wait_for(ref, timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for, which drops a cancellation landing with the answer
+                return await ref
         except (TimeoutError, RayError) as exc:
             self._handle = None  # look it up again next time
             raise ControllerUnavailable(f"{type(exc).__name__}: {exc}".splitlines()[0]) from None

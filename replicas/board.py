@@ -142,7 +142,8 @@ class BoardActor:
         self._ensure_hints_task()
         if self.store.version <= after:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):  # not wait_for: see publish_forever
+                    await self._changed.wait()
         return self.store.since(after)
 
     async def refused(self) -> dict[str, int]:
@@ -193,7 +194,8 @@ async def leave(replica_id: str, timeout_s: float = 2.0) -> None:
     try:
         handle = await asyncio.to_thread(get_board)
         if handle is not None:
-            await asyncio.wait_for(handle.leave.remote(replica_id), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see publish_forever
+                await handle.leave.remote(replica_id)
     except Exception as exc:  # never let the goodbye block the shutdown
         logger.info("replica %s: could not take its phase board down: %s", replica_id, exc)
 

@@ -97,7 +97,10 @@ async def without_heartbeats(
                 left = max(progress_by - loop.time(), 0.0)
                 wait = left if wait is None else min(wait, left)
             try:
-                item = await asyncio.wait_for(anext(stream), wait)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns an item that lands as the
+                # client's task is cancelled and drops the cancellation, so the read went on for nobody
+                async with asyncio.timeout(wait):
+                    item = await anext(stream)
             except StopAsyncIteration:
                 return
             except TimeoutError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -180,3 +181,51 @@ def test_the_progress_deadline_starts_with_the_first_token_and_moves_with_each()
         return await collect(without_heartbeats(steady(), stall_s=1.0, progress_s=0.3))
 
     assert asyncio.run(run()) == ["a", "b", "c", "d"]
+
+
+def test_a_client_leaving_as_the_next_token_lands_ends_the_read() -> None:
+    """The client leaves (its task is cancelled) in the same turn of the loop as the engine's next token arrives.
+    Python 3.11's ``asyncio.wait_for`` returns that token and drops the cancellation, so the read went on for a
+    client that had gone (and its engine work with it); the read must end, cancelled, and close the stream."""
+
+    async def main() -> tuple[bool, list[str], list[str]]:
+        loop = asyncio.get_running_loop()
+        tokens = [loop.create_future() for _ in range(3)]
+        closed: list[str] = []
+        got: list[str] = []
+
+        async def engine() -> AsyncIterator[str]:
+            try:
+                yield HEARTBEAT
+                for token in tokens:
+                    yield await token
+            except asyncio.CancelledError:
+                closed.append("cancelled")
+                raise
+            except GeneratorExit:
+                closed.append("closed")
+                raise
+
+        async def client() -> None:
+            async for item in without_heartbeats(engine(), stall_s=5.0):
+                got.append(item)
+
+        reading = asyncio.create_task(client())
+        tokens[0].set_result("a")
+        while got != ["a"]:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)  # the read of the second token is pending
+        tokens[1].set_result("b")
+        reading.cancel()  # the same turn of the loop
+        for _ in range(20):
+            await asyncio.sleep(0)
+        ended = reading.done()
+        if not ended:  # the read went on: let it finish so the test ends
+            tokens[2].set_result("c")
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(reading, 1.0)
+        return ended and reading.cancelled(), got, closed
+
+    ended, got, closed = asyncio.run(main())
+    assert ended, f"the read went on after the client left: got {got}"
+    assert closed, "the engine stream was not closed"
