@@ -5,26 +5,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from ebplus.replicas.heartbeat import HEARTBEAT, NoProgress, ReplicaStalled, with_heartbeats, without_heartbeats
 
 
-async def slow(items: list[str], gap_s: float, closed: list[str]) -> AsyncIterator[str]:
-    """An engine stream: ``items``, ``gap_s`` apart; records how it ended."""
+@contextlib.contextmanager
+def recording_end(closed: list[str]) -> Iterator[None]:
+    """Around an engine stream's body: records in ``closed`` whether it was cancelled or closed."""
     try:
-        for item in items:
-            await asyncio.sleep(gap_s)
-            yield item
-        closed.append("finished")
+        yield
     except asyncio.CancelledError:
         closed.append("cancelled")
         raise
     except GeneratorExit:
         closed.append("closed")
         raise
+
+
+async def slow(items: list[str], gap_s: float, closed: list[str]) -> AsyncIterator[str]:
+    """An engine stream: ``items``, ``gap_s`` apart; records how it ended."""
+    with recording_end(closed):
+        for item in items:
+            await asyncio.sleep(gap_s)
+            yield item
+        closed.append("finished")
 
 
 async def collect(stream: AsyncIterator) -> list:
@@ -195,16 +202,10 @@ def test_a_client_leaving_as_the_next_token_lands_ends_the_read() -> None:
         got: list[str] = []
 
         async def engine() -> AsyncIterator[str]:
-            try:
+            with recording_end(closed):
                 yield HEARTBEAT
                 for token in tokens:
                     yield await token
-            except asyncio.CancelledError:
-                closed.append("cancelled")
-                raise
-            except GeneratorExit:
-                closed.append("closed")
-                raise
 
         async def client() -> None:
             async for item in without_heartbeats(engine(), stall_s=5.0):
