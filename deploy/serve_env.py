@@ -1,4 +1,5 @@
-"""Ray Serve's own settings for the Ray cluster ``ebplus serve`` starts: its throughput mode and HAProxy.
+"""Ray Serve's own settings for the Ray cluster ``ebplus serve`` starts: its throughput mode and HAProxy
+(and Ray's node health checks, :data:`NODE_HEALTH_ENV`, which the chart sets on a multi-node cluster).
 
 Ray Serve reads these from the environment of its processes (the Serve controller,
 the proxies, every replica), so they are set in the driver before it starts the local
@@ -56,6 +57,20 @@ import time
 from collections.abc import MutableMapping
 from pathlib import Path
 
+#: Ray's health checks of its nodes (the GCS asks every raylet; these are read on the head). Until
+#: a lost node is declared dead, a request held by an actor there (the ingress replica under the
+#: default placement, where it may share a worker with a model replica) gets neither an answer
+#: nor an error: Serve's proxies wait on it, and Serve starts no replacement. Ray's defaults (a
+#: check every 3 s, 10 s to answer, 5 failures) took 13.5 s on a node whose processes are gone
+#: and 65 s at worst on one that went silent (a machine off the network), longer than the 30 s
+#: a request in flight is given to end. These take 5 s and 20 s (5 checks 1 s apart, 3 s to
+#: answer): a raylet must miss 5 checks in a row (15 s and more unanswered) to be declared dead.
+NODE_HEALTH_ENV: dict[str, str] = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "3000",
+    "RAY_health_check_failure_threshold": "5",
+}
+
 #: Variable -> value; see the module docstring for how they are applied.
 SERVE_ENV: dict[str, str] = {
     # Ray Serve's throughput mode: replicas run user code and request routing on their main
@@ -69,6 +84,8 @@ SERVE_ENV: dict[str, str] = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
     # Serve's metrics are exported from their cache once a second (default 100 ms).
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    # How soon Ray declares a lost node dead (read by the GCS, on the head): see NODE_HEALTH_ENV.
+    **NODE_HEALTH_ENV,
 }
 
 #: Only for the cluster ``ebplus serve`` starts (the chart's pods keep Ray's value, see the

@@ -21,8 +21,20 @@ def test_every_setting_is_one_ray_serve_reads() -> None:
 
     ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]  # without importing Ray
     source = (Path(ray_dir) / "serve" / "_private" / "constants.py").read_text()
-    for key in {**serve_env.SERVE_ENV, **serve_env.LOCAL_ENV}:
+    for key in {**serve_env.SERVE_ENV, **serve_env.LOCAL_ENV}.keys() - serve_env.NODE_HEALTH_ENV.keys():
         assert f'"{key}"' in source, f"{key} is not a Ray Serve setting in this Ray version"
+
+
+def test_the_node_health_checks_are_ray_settings() -> None:
+    """``RAY_<name>`` overrides Ray's C++ config entry ``<name>``: each name must be one this Ray has."""
+    import importlib.util
+    from pathlib import Path
+
+    ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]
+    binary = (Path(ray_dir) / "_raylet.so").read_bytes()
+    assert set(serve_env.NODE_HEALTH_ENV) <= set(serve_env.SERVE_ENV)  # the chart renders them
+    for key in serve_env.NODE_HEALTH_ENV:
+        assert key.startswith("RAY_") and b"\0" + key[4:].encode() + b"\0" in binary, key
 
 
 def test_the_chart_keeps_rays_ingress_drain() -> None:
