@@ -1,5 +1,5 @@
 """Ray Serve's own settings for the Ray cluster ``ebplus serve`` starts: its throughput mode and HAProxy
-(and Ray's node health checks, :data:`NODE_HEALTH_ENV`, which the chart sets on a multi-node cluster).
+(and Ray's node health checks, :data:`NODE_HEALTH_ENV`, which only the chart sets: a multi-node cluster's).
 
 Ray Serve reads these from the environment of its processes (the Serve controller,
 the proxies, every replica), so they are set in the driver before it starts the local
@@ -65,6 +65,8 @@ from pathlib import Path
 #: and 65 s at worst on one that went silent (a machine off the network), longer than the 30 s
 #: a request in flight is given to end. These take 5 s and 20 s (5 checks 1 s apart, 3 s to
 #: answer): a raylet must miss 5 checks in a row (15 s and more unanswered) to be declared dead.
+#: Part of SERVE_ENV, so the chart renders them; :func:`apply` leaves them out: the cluster
+#: ``ebplus serve`` starts has one node, which no check can lose, and its GCS keeps Ray's.
 NODE_HEALTH_ENV: dict[str, str] = {
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "3000",
@@ -133,13 +135,13 @@ def free_port() -> int:
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Set :data:`SERVE_ENV` and :data:`LOCAL_ENV` in ``environ`` (default ``os.environ``) where not set;
-    returns what is in effect.
+    """Set :data:`SERVE_ENV` (but :data:`NODE_HEALTH_ENV`) and :data:`LOCAL_ENV` in ``environ`` (default
+    ``os.environ``) where not set; returns what is in effect.
 
     With HAProxy on, its stats and metrics ports are set to free ones where not set.
     """
     environ = os.environ if environ is None else environ
-    wanted = {**SERVE_ENV, **LOCAL_ENV}
+    wanted = {**{k: v for k, v in SERVE_ENV.items() if k not in NODE_HEALTH_ENV}, **LOCAL_ENV}
     for key, value in wanted.items():
         environ.setdefault(key, value)
     applied = {key: environ[key] for key in wanted}

@@ -10,7 +10,8 @@ def test_defaults_fill_only_what_is_unset() -> None:
     applied = serve_env.apply(env)
     assert applied["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"  # turned back by the operator
     assert applied["RAY_SERVE_ENABLE_HA_PROXY"] == "0"  # off by default (deploy/serve_env.py says why)
-    assert set(applied) == set(serve_env.SERVE_ENV) | set(serve_env.LOCAL_ENV)  # HAProxy off: no ports of its own
+    # HAProxy off: no ports of its own; the node health checks are the chart's (a local cluster has one node)
+    assert set(applied) == (set(serve_env.SERVE_ENV) - set(serve_env.NODE_HEALTH_ENV)) | set(serve_env.LOCAL_ENV)
     assert applied["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "1"  # a local stop waits for nobody
     assert env["PATH"] == "/bin" and all(env[k] == v for k, v in applied.items())
 
