@@ -62,9 +62,10 @@ from pathlib import Path
 #: default placement, where it may share a worker with a model replica) gets neither an answer
 #: nor an error: Serve's proxies wait on it, and Serve starts no replacement. Ray's defaults (a
 #: check every 3 s, 10 s to answer, 5 failures) took 13.5 s on a node whose processes are gone
-#: and 65 s at worst on one that went silent (a machine off the network), longer than the 30 s
-#: a request in flight is given to end. These take 5 s and 20 s (5 checks 1 s apart, 3 s to
-#: answer): a raylet must miss 5 checks in a row (15 s and more unanswered) to be declared dead.
+#: (measured, docs/benchmarks/scaleout.md) and allow 65 s for one that went silent (a machine off
+#: the network), too long for the 30 s a request in flight is given to end. These: 7.2 s measured,
+#: 20 s at most for a silent node (5 checks 1 s apart, 3 s to answer); a raylet must leave 5
+#: checks in a row unanswered (15 s and more) to be declared dead.
 #: Part of SERVE_ENV, so the chart renders them; :func:`apply` leaves them out: the cluster
 #: ``ebplus serve`` starts has one node, which no check can lose, and its GCS keeps Ray's.
 NODE_HEALTH_ENV: dict[str, str] = {

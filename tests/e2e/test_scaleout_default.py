@@ -24,8 +24,8 @@ from harness import nodeloss
 from harness.multinode import DEFAULT_PLACEMENT_CONFIG, start_default_cluster
 from harness.nodes import LocalCluster
 
-#: In ``make test``: about 3 minutes on this 2-core machine (174 and 168 s, with another deployment running
-#: beside it: cluster and deployment 1.5, the node loss until the replacement replica serves 1.1, the stop 0.15).
+#: In ``make test``: about 2.2 minutes on this 2-core machine, quiet (130 s: cluster and deployment 1.0, the node
+#: loss until the replacement replica serves 1.0, the stop 0.1); 174 and 168 s with another deployment beside it.
 pytestmark = [pytest.mark.e2e]
 
 ADMIN_TOKEN = "scaleout-default-admin-token-81c2"
