@@ -1,4 +1,5 @@
-"""Ray Serve's own settings for the Ray cluster ``ebplus serve`` starts: its throughput mode and HAProxy.
+"""Ray Serve's own settings for the Ray cluster ``ebplus serve`` starts: its throughput mode and HAProxy
+(and Ray's node health checks, :data:`NODE_HEALTH_ENV`, which only the chart sets: a multi-node cluster's).
 
 Ray Serve reads these from the environment of its processes (the Serve controller,
 the proxies, every replica), so they are set in the driver before it starts the local
@@ -56,6 +57,23 @@ import time
 from collections.abc import MutableMapping
 from pathlib import Path
 
+#: Ray's health checks of its nodes (the GCS asks every raylet; these are read on the head). Until
+#: a lost node is declared dead, a request held by an actor there (the ingress replica under the
+#: default placement, where it may share a worker with a model replica) gets neither an answer
+#: nor an error: Serve's proxies wait on it, and Serve starts no replacement. Ray's defaults (a
+#: check every 3 s, 10 s to answer, 5 failures) took 13.5 s on a node whose processes are gone
+#: (measured, docs/benchmarks/scaleout.md) and allow 65 s for one that went silent (a machine off
+#: the network), too long for the 30 s a request in flight is given to end. These: 7.2 s measured,
+#: 20 s at most for a silent node (5 checks 1 s apart, 3 s to answer); a raylet must leave 5
+#: checks in a row unanswered (15 s and more) to be declared dead.
+#: Part of SERVE_ENV, so the chart renders them; :func:`apply` leaves them out: the cluster
+#: ``ebplus serve`` starts has one node, which no check can lose, and its GCS keeps Ray's.
+NODE_HEALTH_ENV: dict[str, str] = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "3000",
+    "RAY_health_check_failure_threshold": "5",
+}
+
 #: Variable -> value; see the module docstring for how they are applied.
 SERVE_ENV: dict[str, str] = {
     # Ray Serve's throughput mode: replicas run user code and request routing on their main
@@ -69,6 +87,8 @@ SERVE_ENV: dict[str, str] = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
     # Serve's metrics are exported from their cache once a second (default 100 ms).
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    # How soon Ray declares a lost node dead (read by the GCS, on the head): see NODE_HEALTH_ENV.
+    **NODE_HEALTH_ENV,
 }
 
 #: Only for the cluster ``ebplus serve`` starts (the chart's pods keep Ray's value, see the
@@ -116,13 +136,13 @@ def free_port() -> int:
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Set :data:`SERVE_ENV` and :data:`LOCAL_ENV` in ``environ`` (default ``os.environ``) where not set;
-    returns what is in effect.
+    """Set :data:`SERVE_ENV` (but :data:`NODE_HEALTH_ENV`) and :data:`LOCAL_ENV` in ``environ`` (default
+    ``os.environ``) where not set; returns what is in effect.
 
     With HAProxy on, its stats and metrics ports are set to free ones where not set.
     """
     environ = os.environ if environ is None else environ
-    wanted = {**SERVE_ENV, **LOCAL_ENV}
+    wanted = {**{k: v for k, v in SERVE_ENV.items() if k not in NODE_HEALTH_ENV}, **LOCAL_ENV}
     for key, value in wanted.items():
         environ.setdefault(key, value)
     applied = {key: environ[key] for key in wanted}

@@ -180,6 +180,19 @@ class Cluster:
                     out[rid] = node
         return out
 
+    def ingress_nodes(self) -> list[str]:
+        """Ray node ids of the HTTP ingress replicas (started or starting)."""
+        import ray
+
+        out = []
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            if actor["name"].startswith("SERVE_REPLICA::ebplus#EBPlusIngress"):
+                with contextlib.suppress(Exception):  # a replica being removed
+                    node = self._actor_info(actor["name"], "serve")["Address"]["NodeID"]
+                    if node:
+                        out.append(node)
+        return out
+
     def controller_node(self) -> str:
         """Ray node id of the controller actor."""
         from ebplus.controller.actor import ACTOR_NAME, NAMESPACE

@@ -5,6 +5,8 @@ joins, in KubeRay's terms: a head (the ingress, Serve's controller, a proxy; no 
 replica) and 1-CPU workers, each a "pod" that holds one model replica
 (``ebplus-replica``) and may hold the EB+ controller (``ebplus-controller``; the test
 config puts it there, not on the head as recommended, so a worker's loss can take it).
+``tests/e2e/multinode-default.yaml`` and :func:`start_default_cluster` are the default placement
+beside it: nothing pinned, a proxy on every node (issue 23).
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from ebplus.deploy.serve_env import NODE_HEALTH_ENV
 from harness.deployment import ROOT
 from harness.nodes import LocalCluster, NodeSpec
 from harness.rollout import variant
 
 MULTINODE_CONFIG = ROOT / "tests" / "e2e" / "multinode.yaml"
+#: The same deployment with nothing pinned (issue 23): the ingress and the replicas where Serve puts them.
+DEFAULT_PLACEMENT_CONFIG = ROOT / "tests" / "e2e" / "multinode-default.yaml"
 
 HEAD = NodeSpec("head", num_cpus=1, resources={"ebplus-ingress": 1})
 WORKER = NodeSpec("worker", num_cpus=1, resources={"ebplus-replica": 1, "ebplus-controller": 1})
@@ -48,9 +53,27 @@ ROLLOUTS = (
 
 @contextlib.contextmanager
 def start_cluster(admin_token: str, workers: int = 2) -> Iterator[LocalCluster]:
-    """The head and ``workers`` worker nodes; every node's processes get the admin token (a Secret on KubeRay)."""
+    """The head and ``workers`` worker nodes; every node's processes get the admin token (a Secret on KubeRay)
+    and the node health checks the chart sets (:data:`ebplus.deploy.serve_env.NODE_HEALTH_ENV`)."""
     specs = [NodeSpec(f"w{i + 1}", WORKER.num_cpus, dict(WORKER.resources)) for i in range(workers)]
-    with LocalCluster(HEAD, specs, env={"EBPLUS_ADMIN_TOKEN": admin_token}) as cluster:
+    with LocalCluster(HEAD, specs, env={"EBPLUS_ADMIN_TOKEN": admin_token, **NODE_HEALTH_ENV}) as cluster:
+        yield cluster
+
+
+#: The default placement's cluster, as on KubeRay: a head that takes no work (``num-cpus: 0``: Serve's
+#: controller, a proxy, the EB+ controller, none of which reserves a CPU) and workers with no custom
+#: resources. Two CPUs each: a model replica's engine bundle takes one, so the ingress (half a CPU)
+#: shares a worker with a replica, the worst node to lose.
+DEFAULT_HEAD = NodeSpec("head", num_cpus=0)
+DEFAULT_WORKER = NodeSpec("worker", num_cpus=2)
+
+
+@contextlib.contextmanager
+def start_default_cluster(admin_token: str, workers: int = 2) -> Iterator[LocalCluster]:
+    """The default placement's head and ``workers`` worker nodes, with the node health checks the chart sets
+    (:data:`ebplus.deploy.serve_env.NODE_HEALTH_ENV`, read by the head's GCS)."""
+    specs = [NodeSpec(f"w{i + 1}", DEFAULT_WORKER.num_cpus) for i in range(workers)]
+    with LocalCluster(DEFAULT_HEAD, specs, env={"EBPLUS_ADMIN_TOKEN": admin_token, **NODE_HEALTH_ENV}) as cluster:
         yield cluster
 
 

@@ -28,10 +28,15 @@ LOST_NODE_ERRORS = ("the model replica serving this request failed", "APIConnect
 
 
 def pick_victim(cluster: Cluster, local: LocalCluster, target: str) -> str:
-    """The worker node to kill: the controller's (``"controller"``), or one that hosts a model
-    replica but not the controller (``"replica"``)."""
+    """The worker node to kill: the controller's (``"controller"``), one that hosts the HTTP ingress and a
+    model replica (``"ingress"``), or one that hosts a model replica but not the controller (``"replica"``)."""
     controller = local.name_of(cluster.controller_node())
     replica_nodes = sorted({local.name_of(node) for node in cluster.replica_nodes().values()} - {None})
+    if target == "ingress":
+        both = sorted({local.name_of(node) for node in cluster.ingress_nodes()} & set(replica_nodes) - {local.head_spec.name})
+        if not both:
+            raise HarnessError(f"no worker node hosts the ingress and a replica (replicas on {replica_nodes})")
+        return both[0]
     if target == "controller":
         if controller is None or controller == local.head_spec.name:
             raise HarnessError(f"the controller runs on {controller!r}, not on a worker node this harness can kill")

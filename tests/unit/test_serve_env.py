@@ -10,7 +10,8 @@ def test_defaults_fill_only_what_is_unset() -> None:
     applied = serve_env.apply(env)
     assert applied["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"  # turned back by the operator
     assert applied["RAY_SERVE_ENABLE_HA_PROXY"] == "0"  # off by default (deploy/serve_env.py says why)
-    assert set(applied) == set(serve_env.SERVE_ENV) | set(serve_env.LOCAL_ENV)  # HAProxy off: no ports of its own
+    # HAProxy off: no ports of its own; the node health checks are the chart's (a local cluster has one node)
+    assert set(applied) == (set(serve_env.SERVE_ENV) - set(serve_env.NODE_HEALTH_ENV)) | set(serve_env.LOCAL_ENV)
     assert applied["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "1"  # a local stop waits for nobody
     assert env["PATH"] == "/bin" and all(env[k] == v for k, v in applied.items())
 
@@ -21,8 +22,20 @@ def test_every_setting_is_one_ray_serve_reads() -> None:
 
     ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]  # without importing Ray
     source = (Path(ray_dir) / "serve" / "_private" / "constants.py").read_text()
-    for key in {**serve_env.SERVE_ENV, **serve_env.LOCAL_ENV}:
+    for key in {**serve_env.SERVE_ENV, **serve_env.LOCAL_ENV}.keys() - serve_env.NODE_HEALTH_ENV.keys():
         assert f'"{key}"' in source, f"{key} is not a Ray Serve setting in this Ray version"
+
+
+def test_the_node_health_checks_are_ray_settings() -> None:
+    """``RAY_<name>`` overrides Ray's C++ config entry ``<name>``: each name must be one this Ray has."""
+    import importlib.util
+    from pathlib import Path
+
+    ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]
+    binary = (Path(ray_dir) / "_raylet.so").read_bytes()
+    assert set(serve_env.NODE_HEALTH_ENV) <= set(serve_env.SERVE_ENV)  # the chart renders them
+    for key in serve_env.NODE_HEALTH_ENV:
+        assert key.startswith("RAY_") and b"\0" + key[4:].encode() + b"\0" in binary, key
 
 
 def test_the_chart_keeps_rays_ingress_drain() -> None:
