@@ -177,15 +177,15 @@ def test_the_progress_deadline_starts_with_the_first_token_and_moves_with_each()
 
     async def steady() -> AsyncIterator[str]:
         yield HEARTBEAT
-        await asyncio.sleep(0.4)  # longer than the progress deadline, before the first token
+        await asyncio.sleep(0.8)  # longer than the progress deadline, before the first token
         yield "a"
         for item in ("b", "c", "d"):
-            await asyncio.sleep(0.15)  # each gap within it, all of them together beyond it
+            await asyncio.sleep(0.25)  # each gap well within it (a loaded machine oversleeps), together beyond it
             yield HEARTBEAT
             yield item
 
     async def run() -> list:
-        return await collect(without_heartbeats(steady(), stall_s=1.0, progress_s=0.3))
+        return await collect(without_heartbeats(steady(), stall_s=2.0, progress_s=0.6))
 
     assert asyncio.run(run()) == ["a", "b", "c", "d"]
 
