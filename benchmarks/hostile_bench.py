@@ -84,7 +84,7 @@ def probes(
         return out
     if mounted and state_dir is not None:
         out.append(("disk-full", "the controller's state_dir file system filled under load, then freed",
-                    True, lambda: cf.disk_full(dep, state_dir, lambda: _persist_error(cluster))))  # fmt: skip
+                    True, lambda: cf.disk_full(dep, state_dir, lambda: _persist_error(cluster), cf.controller_logs(cluster))))  # fmt: skip
     out += [
         ("corrupt-state", "the controller killed and restarted onto a state file cut short",
          True, lambda: cf.corrupt_state(dep, cluster, state_dir)),
@@ -195,12 +195,16 @@ def section(title: str, part: dict) -> list[str]:
         f"**{all(r['deciding']['ok'] for r in rows)}**; probes that failed to run: **{len(failed)}** {failed or ''}.",
         "", "Per probe:", "", *details(rows), "",
     ]  # fmt: skip
-    return lines + listener_lines(part.get("listeners", []))
+    return lines + listener_lines(part.get("listeners", []), part.get("held_elsewhere", []))
 
 
-def listener_lines(outside: list[dict]) -> list[str]:
-    """The count of listeners outside loopback, then each with Ray's reason."""
+def listener_lines(outside: list[dict], elsewhere: list[str]) -> list[str]:
+    """The count of listeners outside loopback, then each with Ray's reason (``elsewhere``: :func:`held_elsewhere`)."""
     lines = [f"Listeners outside loopback: {len(outside)}, unexplained {sum(r['reason'] is None for r in outside)}.", ""]
+    if elsewhere:
+        lines += [f"Not in the list: Ray's fixed ports {', '.join(elsewhere)}, held at the time by a process outside "
+                  "this deployment (another Ray cluster on the machine); a deployment alone there listens on them "
+                  "too, for the reasons below.", ""]  # fmt: skip
     if outside:
         lines += ["| Address | Port | Process | Why Ray gives no way to bind it to loopback |", "|---|---|---|---|"]
         lines += [f"| {r['address']} | {r['port']} | `{r['process'][:80]}` | {r['reason']} |" for r in outside]
@@ -210,7 +214,7 @@ def listener_lines(outside: list[dict]) -> list[str]:
 
 def local_section(part: dict) -> list[str]:
     """The deployment ``make serve`` starts: how it went, and its listeners outside loopback."""
-    return ["## A local `make serve`", "", part["about"], "", *listener_lines(part["listeners"])]
+    return ["## A local `make serve`", "", part["about"], "", *listener_lines(part["listeners"], part["held_elsewhere"])]
 
 
 def write(results: dict, out: Path, argv: list[str]) -> None:
@@ -263,12 +267,13 @@ def serve_half(args: argparse.Namespace, scratch: Path, not_run: list[str]) -> d
                 plan = only(probes(dep, cluster, quick=args.quick, state_dir=state_dir, mounted=mounted), args.probes)
                 rows = run(plan, serve_measure(dep, cluster))
             listening = listener_rows(dep.pid)
+            elsewhere = held_elsewhere(listening)
         finally:
             if dep.process is not None:
                 rel.stop_deployment(dep)
     about = (f"`ebplus serve` on `tests/e2e/faults.yaml` (two replicas of the tiny model), the controller's "
              f"state_dir on {where}.")  # fmt: skip
-    return {"about": about, "probes": rows, "listeners": listening}
+    return {"about": about, "probes": rows, "listeners": listening, "held_elsewhere": elsewhere}
 
 
 def plugin_half(args: argparse.Namespace, scratch: Path, not_run: list[str]) -> dict:
@@ -363,9 +368,6 @@ def make_serve_half(scratch: Path, settle_s: float = 10.0) -> dict:
              f"{dep.config.replicas.num_replicas} replica, HTTP on {dep.config.http.host}:{dep.config.http.port}), "
              f"healthy after {started_s:.0f} s; its process tree's listeners {settle_s:.0f} s later; stopped with "
              f"SIGTERM in {time.monotonic() - t1:.0f} s, exit status {stopped}.")  # fmt: skip
-    if elsewhere:
-        about += (" Not in the list: Ray's fixed ports " + ", ".join(elsewhere) + ", held at the time by a process "
-                  "outside this deployment (another Ray cluster on the machine); alone, it listens there too.")  # fmt: skip
     return {"about": about, "listeners": listening, "exit_status": stopped, "held_elsewhere": elsewhere}
 
 

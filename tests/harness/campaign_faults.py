@@ -67,15 +67,16 @@ def _fill(directory: Path) -> Path:
 
 
 def disk_full(dep: Deployment | PluginServer, state_dir: Path, persist_error: Callable[[], str | None] | None = None,
-              load_s: float = 8.0) -> dict:  # fmt: skip
+              logs: list[Path] | None = None, load_s: float = 8.0) -> dict:  # fmt: skip
     """The controller's ``state_dir`` file system filled up under load, then freed: decisions go on and are said
     not persisted (``/admin/recompute`` answers ``persisted: false`` with the reason), the failure is logged once,
     no temporary file is left, and the state is persisted again once space is back. ``persist_error`` reads the
     controller's own report while the disk is full (``ebplus serve``: its snapshot; the plugin has none beyond the
-    answer's message). The log lines are those of ``dep.log_path`` written during the probe."""
+    answer's message). The log lines are those written during the probe to ``logs`` (where the controller logs:
+    :func:`controller_logs`; default ``dep.log_path``, the plugin's server)."""
     state = state_dir / STATE_FILE
     state_bytes = state.stat().st_size if state.exists() else 0
-    logged = log_from(dep.log_path)
+    logged = log_from(*(logs or [dep.log_path]))
     filler = _fill(state_dir)
     answers: Counter = Counter()
     try:
@@ -109,16 +110,25 @@ CORRUPT = "controller state is corrupt"
 CUT_SHORT = b'{"schema_version": 3, "fleet": {"replic'
 
 
-def log_from(path: Path) -> Callable[[], list[str]]:
-    """The lines ``path`` gets from now on: call the result to read them."""
-    offset = path.stat().st_size if path.exists() else 0
+def log_from(*paths: Path) -> Callable[[], list[str]]:
+    """The lines the files ``paths`` get from now on: call the result to read them."""
+    offsets = {path: path.stat().st_size if path.exists() else 0 for path in paths}
 
     def lines() -> list[str]:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode(errors="replace").splitlines()
+        out = []
+        for path, offset in offsets.items():
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                out += fh.read().decode(errors="replace").splitlines()
+        return out
 
     return lines
+
+
+def controller_logs(cluster: Cluster) -> list[Path]:
+    """The controller actor's output in Ray's session logs (``worker-*-<pid>.out`` and ``.err``): ``ebplus serve``
+    runs Ray with ``log_to_driver=False``, so its lines are there, not in the deployment's log."""
+    return sorted(cluster.session_logs().glob(f"worker-*-{cluster.ping()['pid']}.*"))
 
 
 def set_aside(state_dir: Path) -> list[str]:
