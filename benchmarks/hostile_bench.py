@@ -6,10 +6,14 @@ The ``ebplus serve`` half starts ``tests/e2e/faults.yaml`` with the controller's
 (mounted for the run, root only; without it the disk-full probe is not run and the page says why), or attaches to
 one (``--attach PID:LOG``), and runs the probes of :mod:`harness.campaign` (request families, stalled connections,
 floods) and :mod:`harness.campaign_faults` (controller probes and faults). The plugin half starts ``vllm serve``
-with EB+'s plugins (:mod:`harness.plugin`) and runs the request probes. ``tests/e2e/test_reliability.py`` runs
-:func:`probes` with ``quick=True`` against its own deployment and asserts the targets.
+with EB+'s plugins (:mod:`harness.plugin`), its controller's ``state_dir`` on its own 8 MiB tmpfs, and runs the
+request probes, then disk full, an engine wedge and a restart onto a corrupt state. The ``make-serve`` step starts
+what ``make serve`` starts (the Makefile's default ``CONFIG``) and lists its listeners outside loopback.
+``tests/e2e/test_reliability.py`` runs :func:`probes` with ``quick=True`` against its own deployment and asserts
+the targets.
 
-    .venv/bin/python -m benchmarks.hostile_bench                  # both modes, every probe (~10 min on 2 cores)
+    .venv/bin/python -m benchmarks.hostile_bench                  # every mode and probe (~13 min on 2 cores)
+    .venv/bin/python -m benchmarks.hostile_bench --modes make-serve   # only the listeners of a local `make serve`
     .venv/bin/python -m benchmarks.hostile_bench --quick          # the request probes, shorter, 100 churned ids
     .venv/bin/python -m benchmarks.hostile_bench --modes serve    # one mode
     .venv/bin/python -m benchmarks.hostile_bench --quick --probes slow-loris   # one probe family, both modes
@@ -202,9 +206,10 @@ def listener_lines(outside: list[dict], elsewhere: list[str]) -> list[str]:
     """The count of listeners outside loopback, then each with Ray's reason (``elsewhere``: :func:`held_elsewhere`)."""
     lines = [f"Listeners outside loopback: {len(outside)}, unexplained {sum(r['reason'] is None for r in outside)}.", ""]
     if elsewhere:
-        lines += [f"Not in the list: Ray's fixed ports {', '.join(elsewhere)}, held at the time by a process outside "
-                  "this deployment (another Ray cluster on the machine); a deployment alone there listens on them "
-                  "too, for the reasons below.", ""]  # fmt: skip
+        lines += [f"Held by a process outside this deployment (another Ray cluster on the machine) once it had "
+                  f"started or when it was listed: Ray's fixed ports {', '.join(elsewhere)}. Those it could not "
+                  "bind are not in the list; a deployment alone on the machine listens on them too, for the "
+                  "reasons below.", ""]  # fmt: skip
     if outside:
         lines += ["| Address | Port | Process | Why Ray gives no way to bind it to loopback |", "|---|---|---|---|"]
         lines += [f"| {r['address']} | {r['port']} | `{r['process'][:80]}` | {r['reason']} |" for r in outside]
@@ -263,11 +268,12 @@ def serve_half(args: argparse.Namespace, scratch: Path, not_run: list[str]) -> d
         if not mounted and not args.quick:
             not_run.append(f"serve: disk-full ({reason or where})")
         try:
+            taken = held_elsewhere(dep.pid)
             with rel.Cluster(dep) as cluster:
                 plan = only(probes(dep, cluster, quick=args.quick, state_dir=state_dir, mounted=mounted), args.probes)
                 rows = run(plan, serve_measure(dep, cluster))
             listening = listener_rows(dep.pid)
-            elsewhere = held_elsewhere(listening)
+            elsewhere = named(taken | held_elsewhere(dep.pid))
         finally:
             if dep.process is not None:
                 rel.stop_deployment(dep)
@@ -331,13 +337,18 @@ RAY_FIXED_PORTS = {52365: "the dashboard agent's HTTP port", 44217: "the autosca
                    44227: "the dashboard head's metrics server"}  # fmt: skip
 
 
-def held_elsewhere(rows: list[dict]) -> list[str]:
-    """Ray's fixed ports missing from ``rows`` because something outside the deployment's tree holds them."""
+def held_elsewhere(pid: int) -> set[int]:
+    """Ray's fixed ports that a process outside the tree of ``pid`` listens on now. Checked once the deployment
+    has started and again when it is listed: another cluster may have let go of a port by the listing."""
     import psutil
 
-    ours = {r["port"] for r in rows}
+    ours = {f["port"] for f in listeners(pid)}
     busy = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-    return [f"{port} ({what})" for port, what in RAY_FIXED_PORTS.items() if port in busy - ours]
+    return (busy - ours) & RAY_FIXED_PORTS.keys()
+
+
+def named(ports: set[int]) -> list[str]:
+    return [f"{port} ({RAY_FIXED_PORTS[port]})" for port in sorted(ports)]
 
 
 def make_serve_config() -> Path:
@@ -357,9 +368,10 @@ def make_serve_half(scratch: Path, settle_s: float = 10.0) -> dict:
     dep = rel.start_deployment(config, scratch / "make-serve.log", secrets.token_hex(16))
     started_s = time.monotonic() - t0
     try:
+        taken = held_elsewhere(dep.pid)
         time.sleep(settle_s)
         listening = listener_rows(dep.pid)
-        elsewhere = held_elsewhere(listening)
+        elsewhere = named(taken | held_elsewhere(dep.pid))
     finally:
         t1 = time.monotonic()
         rel.stop_deployment(dep)
