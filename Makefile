@@ -106,7 +106,8 @@ bench-autoscaling-real: install models
 	$(PY) -m benchmarks.autoscaling_real $(ARGS)
 
 # the hostile-input and fault campaign of issue 23: `ebplus serve` (tiny model, two CPU replicas; the disk-full
-# probe mounts an 8 MiB tmpfs, root only), then `vllm serve` with the plugins; ARGS: --quick, --modes, see --help
+# probes mount an 8 MiB tmpfs, root only), then `vllm serve` with the plugins, then the listeners of what
+# `make serve` starts; ARGS: --quick, --modes, --probes, see --help
 bench-hostile: install models
 	$(PY) -m benchmarks.hostile_bench $(ARGS)
 

@@ -6,10 +6,14 @@ The ``ebplus serve`` half starts ``tests/e2e/faults.yaml`` with the controller's
 (mounted for the run, root only; without it the disk-full probe is not run and the page says why), or attaches to
 one (``--attach PID:LOG``), and runs the probes of :mod:`harness.campaign` (request families, stalled connections,
 floods) and :mod:`harness.campaign_faults` (controller probes and faults). The plugin half starts ``vllm serve``
-with EB+'s plugins (:mod:`harness.plugin`) and runs the request probes. ``tests/e2e/test_reliability.py`` runs
-:func:`probes` with ``quick=True`` against its own deployment and asserts the targets.
+with EB+'s plugins (:mod:`harness.plugin`), its controller's ``state_dir`` on its own 8 MiB tmpfs, and runs the
+request probes, then disk full, an engine wedge and a restart onto a corrupt state. The ``make-serve`` step starts
+what ``make serve`` starts (the Makefile's default ``CONFIG``) and lists its listeners outside loopback.
+``tests/e2e/test_reliability.py`` runs :func:`probes` with ``quick=True`` against its own deployment and asserts
+the targets.
 
-    .venv/bin/python -m benchmarks.hostile_bench                  # both modes, every probe (~10 min on 2 cores)
+    .venv/bin/python -m benchmarks.hostile_bench                  # every mode and probe (~13 min on 2 cores)
+    .venv/bin/python -m benchmarks.hostile_bench --modes make-serve   # only the listeners of a local `make serve`
     .venv/bin/python -m benchmarks.hostile_bench --quick          # the request probes, shorter, 100 churned ids
     .venv/bin/python -m benchmarks.hostile_bench --modes serve    # one mode
     .venv/bin/python -m benchmarks.hostile_bench --quick --probes slow-loris   # one probe family, both modes
@@ -23,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import secrets
 import subprocess
 import sys
@@ -37,6 +42,7 @@ import harness as rel
 from benchmarks.outputs import SUMMARY_DIR, raw_path
 from harness import campaign as cp
 from harness import campaign_faults as cf
+from harness.deployment import ROOT
 from harness.hostile import RAY_LISTENERS, is_loopback, listeners, ray_listener_kind
 from harness.plugin import ADDITIONAL, PluginServer, start_plugin_server, stop_plugin_server
 
@@ -82,7 +88,7 @@ def probes(
         return out
     if mounted and state_dir is not None:
         out.append(("disk-full", "the controller's state_dir file system filled under load, then freed",
-                    True, lambda: cf.disk_full(dep, cluster, state_dir)))  # fmt: skip
+                    True, lambda: cf.disk_full(dep, state_dir, lambda: _persist_error(cluster), cf.controller_logs(cluster))))  # fmt: skip
     out += [
         ("corrupt-state", "the controller killed and restarted onto a state file cut short",
          True, lambda: cf.corrupt_state(dep, cluster, state_dir)),
@@ -92,6 +98,11 @@ def probes(
          True, lambda: cf.replica_kill(dep, cluster)),
     ]  # fmt: skip
     return out
+
+
+def _persist_error(cluster: rel.Cluster) -> str | None:
+    """Why the controller actor's state is not persisted now (its snapshot's report; ``None``: it is)."""
+    return (cluster.snapshot().get("controller") or {}).get("persist_error")
 
 
 #: How a probe is measured: ``(name, probe, injected) -> row`` (:func:`harness.campaign.observe` for one mode)
@@ -188,13 +199,27 @@ def section(title: str, part: dict) -> list[str]:
         f"**{all(r['deciding']['ok'] for r in rows)}**; probes that failed to run: **{len(failed)}** {failed or ''}.",
         "", "Per probe:", "", *details(rows), "",
     ]  # fmt: skip
-    outside = part.get("listeners", [])
-    lines += [f"Listeners outside loopback: {len(outside)}, unexplained {sum(r['reason'] is None for r in outside)}.", ""]
+    return lines + listener_lines(part.get("listeners", []), part.get("held_elsewhere", []))
+
+
+def listener_lines(outside: list[dict], elsewhere: list[str]) -> list[str]:
+    """The count of listeners outside loopback, then each with Ray's reason (``elsewhere``: :func:`held_elsewhere`)."""
+    lines = [f"Listeners outside loopback: {len(outside)}, unexplained {sum(r['reason'] is None for r in outside)}.", ""]
+    if elsewhere:
+        lines += [f"Held by a process outside this deployment (another Ray cluster on the machine) once it had "
+                  f"started or when it was listed: Ray's fixed ports {', '.join(elsewhere)}. Those it could not "
+                  "bind are not in the list; a deployment alone on the machine listens on them too, for the "
+                  "reasons below.", ""]  # fmt: skip
     if outside:
         lines += ["| Address | Port | Process | Why Ray gives no way to bind it to loopback |", "|---|---|---|---|"]
         lines += [f"| {r['address']} | {r['port']} | `{r['process'][:80]}` | {r['reason']} |" for r in outside]
         lines.append("")
     return lines
+
+
+def local_section(part: dict) -> list[str]:
+    """The deployment ``make serve`` starts: how it went, and its listeners outside loopback."""
+    return ["## A local `make serve`", "", part["about"], "", *listener_lines(part["listeners"], part["held_elsewhere"])]
 
 
 def write(results: dict, out: Path, argv: list[str]) -> None:
@@ -206,6 +231,8 @@ def write(results: dict, out: Path, argv: list[str]) -> None:
     for mode, title in (("serve", "`ebplus serve`"), ("plugin", "Plugin mode (`vllm serve` with EB+'s plugins)")):
         if mode in results:
             lines += section(title, results[mode])
+    if "make-serve" in results:
+        lines += local_section(results["make-serve"])
     if results.get("not_run"):
         lines += ["Not run: " + "; ".join(results["not_run"]), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -241,50 +268,127 @@ def serve_half(args: argparse.Namespace, scratch: Path, not_run: list[str]) -> d
         if not mounted and not args.quick:
             not_run.append(f"serve: disk-full ({reason or where})")
         try:
+            taken = held_elsewhere(dep.pid)
             with rel.Cluster(dep) as cluster:
                 plan = only(probes(dep, cluster, quick=args.quick, state_dir=state_dir, mounted=mounted), args.probes)
                 rows = run(plan, serve_measure(dep, cluster))
             listening = listener_rows(dep.pid)
+            elsewhere = named(taken | held_elsewhere(dep.pid))
         finally:
             if dep.process is not None:
                 rel.stop_deployment(dep)
     about = (f"`ebplus serve` on `tests/e2e/faults.yaml` (two replicas of the tiny model), the controller's "
              f"state_dir on {where}.")  # fmt: skip
-    return {"about": about, "probes": rows, "listeners": listening}
+    return {"about": about, "probes": rows, "listeners": listening, "held_elsewhere": elsewhere}
 
 
-def plugin_half(args: argparse.Namespace, scratch: Path) -> dict:
-    """The request probes on ``vllm serve`` with EB+'s plugins, with the limits of the serve half (an output budget
-    of 20,000 tokens, 256 KiB bodies, its read deadline). ``EBPLUS_ROOT`` is passed on when set: a checkout that points the editable
-    install at another worktree with it (a development setup) must run that worktree's plugin."""
-    deadline = yaml.safe_load(rel.FAULTS_CONFIG.read_text())["http"]["read_deadline_s"]
-    additional = {"ebplus": {**ADDITIONAL["ebplus"], "max_body_bytes": 262144, "read_deadline_s": deadline,
-                             "replicas": {**ADDITIONAL["ebplus"]["replicas"], "max_request_output": 20000}}}  # fmt: skip
+def plugin_half(args: argparse.Namespace, scratch: Path, not_run: list[str]) -> dict:
+    """The probes on ``vllm serve`` with EB+'s plugins, with the limits of the serve half (an output budget of
+    20,000 tokens, 256 KiB bodies, its read deadline) and its controller's state in a ``state_dir`` on an 8 MiB
+    tmpfs, persisted as often (``persist_every_s``). ``EBPLUS_ROOT`` is passed on when set: a checkout that points
+    the editable install at another worktree with it (a development setup) must run that worktree's plugin."""
+    faults = yaml.safe_load(rel.FAULTS_CONFIG.read_text())
+    state_dir = scratch / "plugin-state"
     keep = {k: os.environ[k] for k in ("EBPLUS_ROOT",) if k in os.environ}
-    print("[hostile] starting vllm serve with the ebplus plugins ...", flush=True)
     (scratch / "plugin").mkdir()
-    srv = start_plugin_server(scratch / "plugin", additional, extra_env=keep)
-    try:
-        plan = request_probes(srv, max_model_len=512, budget=20000, max_body=262144, quick=args.quick)
-        if not args.quick:
-            plan.append(("engine-wedge", "SIGSTOP of the engine core for 10 s under load, then SIGCONT",
-                         True, lambda: cf.engine_wedge(srv, lambda: srv.pid)))  # fmt: skip
-        plan = only(plan, args.probes)
-        rows = run(plan, plugin_measure(srv))
-        listening = listener_rows(srv.pid)
-    finally:
-        stop_plugin_server(srv)
+    with cf.tmpfs_or_none(state_dir) as reason:
+        ours = ADDITIONAL["ebplus"]
+        controller = {**ours["controller"], "state_dir": str(state_dir),
+                      "persist_every_s": faults["controller"]["persist_every_s"]}
+        additional = {"ebplus": {**ours, "controller": controller, "max_body_bytes": 262144,
+                                 "read_deadline_s": faults["http"]["read_deadline_s"],
+                                 "replicas": {**ours["replicas"], "max_request_output": 20000}}}  # fmt: skip
+        where = f"an {cf.TMPFS_KIB // 1024} MiB tmpfs" if reason is None else "a directory of /tmp"
+        print(f"[hostile] starting vllm serve with the ebplus plugins (state_dir {state_dir}) ...", flush=True)
+        srv = start_plugin_server(scratch / "plugin", additional, extra_env=keep)
+        try:
+            plan = request_probes(srv, max_model_len=512, budget=20000, max_body=262144, quick=args.quick)
+            if not args.quick:
+                plan += plugin_faults(srv, state_dir, mounted=reason is None)
+            if reason is not None and not args.quick:
+                not_run.append(f"plugin: disk-full ({reason})")
+            rows = run(only(plan, args.probes), plugin_measure(srv))
+            listening = listener_rows(srv.pid)
+        finally:
+            stop_plugin_server(srv)
     about = ("`vllm serve` (`python -m vllm.entrypoints.openai.api_server`) with `VLLM_PLUGINS=ebplus` and EB+'s "
              "scheduler, the tiny model, one engine, no Ray: the controller runs inside the API server, so the "
-             "RSS column has no head, and engine work is vLLM's `vllm:num_requests_running`.")  # fmt: skip
+             "RSS column has no head, and engine work is vLLM's `vllm:num_requests_running`. The controller's "
+             f"state_dir on {where}.")  # fmt: skip
     return {"about": about, "probes": rows, "listeners": listening}
+
+
+def plugin_faults(srv: PluginServer, state_dir: Path, *, mounted: bool) -> list[Probe]:
+    """The faults of the plugin mode, the restart last (``mounted``: ``state_dir`` is a tmpfs that can fill)."""
+    full: list[Probe] = [("disk-full", "the controller's state_dir file system filled under load, then freed",
+                          True, lambda: cf.disk_full(srv, state_dir))]  # fmt: skip
+    return [
+        *(full if mounted else []),
+        ("engine-wedge", "SIGSTOP of the engine core for 10 s under load, then SIGCONT",
+         True, lambda: cf.engine_wedge(srv, lambda: srv.pid)),
+        ("corrupt-state", "vllm serve stopped, its state file cut short, started again",
+         True, lambda: cf.plugin_corrupt_state(srv, state_dir)),
+    ]  # fmt: skip
+
+
+#: Ray's fixed ports (``ray_constants``) that a process of a deployment's tree listens on: a second Ray cluster on
+#: the same machine (another user's) cannot bind them, and the deployment then lists fewer listeners
+RAY_FIXED_PORTS = {52365: "the dashboard agent's HTTP port", 44217: "the autoscaler monitor's metrics server",
+                   44227: "the dashboard head's metrics server"}  # fmt: skip
+
+
+def held_elsewhere(pid: int) -> set[int]:
+    """Ray's fixed ports that a process outside the tree of ``pid`` listens on now. Checked once the deployment
+    has started and again when it is listed: another cluster may have let go of a port by the listing."""
+    import psutil
+
+    ours = {f["port"] for f in listeners(pid)}
+    busy = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return (busy - ours) & RAY_FIXED_PORTS.keys()
+
+
+def named(ports: set[int]) -> list[str]:
+    return [f"{port} ({RAY_FIXED_PORTS[port]})" for port in sorted(ports)]
+
+
+def make_serve_config() -> Path:
+    """The config ``make serve`` starts (the Makefile's ``CONFIG ?=`` default)."""
+    match = re.search(r"^CONFIG \?= (\S+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    if match is None:
+        raise SystemExit("the Makefile names no default CONFIG")
+    return ROOT / match.group(1)
+
+
+def make_serve_half(scratch: Path, settle_s: float = 10.0) -> dict:
+    """The deployment a local ``make serve`` starts (``ebplus serve --config`` on the Makefile's default config),
+    healthy and ``settle_s`` later (Ray's agents start after the banner), listed and stopped with SIGTERM."""
+    config = make_serve_config()
+    print(f"[hostile] starting ebplus serve --config {config.relative_to(ROOT)} (make serve) ...", flush=True)
+    t0 = time.monotonic()
+    dep = rel.start_deployment(config, scratch / "make-serve.log", secrets.token_hex(16))
+    started_s = time.monotonic() - t0
+    try:
+        taken = held_elsewhere(dep.pid)
+        time.sleep(settle_s)
+        listening = listener_rows(dep.pid)
+        elsewhere = named(taken | held_elsewhere(dep.pid))
+    finally:
+        t1 = time.monotonic()
+        rel.stop_deployment(dep)
+    stopped = dep.process.returncode if dep.process is not None else None
+    about = (f"`ebplus serve --config {config.relative_to(ROOT)}` (what `make serve` runs: {dep.config.model.id}, "
+             f"{dep.config.replicas.num_replicas} replica, HTTP on {dep.config.http.host}:{dep.config.http.port}), "
+             f"healthy after {started_s:.0f} s; its process tree's listeners {settle_s:.0f} s later; stopped with "
+             f"SIGTERM in {time.monotonic() - t1:.0f} s, exit status {stopped}.")  # fmt: skip
+    return {"about": about, "listeners": listening, "exit_status": stopped, "held_elsewhere": elsewhere}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m benchmarks.hostile_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the request families, shorter, no faults")
-    p.add_argument("--modes", default="serve,plugin", help="serve, plugin or both (default), comma-separated")
+    p.add_argument("--modes", default="serve,plugin,make-serve",
+                   help="serve, plugin, make-serve (the listeners of a local `make serve`), comma-separated; default: all")
     p.add_argument("--probes", default=None, help="only these probes, comma-separated (e.g. slow-loris)")
     p.add_argument("--attach", default=None, help="PID:LOG of a running `ebplus serve --config tests/e2e/faults.yaml`")
     p.add_argument("--admin-token", default=None, help="with --attach: the deployment's admin token")
@@ -297,7 +401,14 @@ def main(argv: list[str] | None = None) -> int:
     not_run: list[str] = []
     results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                  "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}  # fmt: skip
-    for mode, half in (("serve", lambda: serve_half(args, scratch, not_run)), ("plugin", lambda: plugin_half(args, scratch))):
+    local = not args.quick and (args.probes is None or "listeners" in args.probes.split(","))
+    halves = (("serve", lambda: serve_half(args, scratch, not_run)), ("plugin", lambda: plugin_half(args, scratch, not_run)),
+              ("make-serve", lambda: make_serve_half(scratch)))  # fmt: skip
+    for mode, half in halves:
+        if mode == "make-serve" and not local:
+            if mode in modes:
+                not_run.append("the listeners of a local `make serve` (--quick or --probes without listeners)")
+            continue
         if mode in modes:
             t0 = time.monotonic()
             try:
@@ -314,8 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     if "plugin" in modes and not args.probes:
         not_run.append("plugin: cursor-jump and churn (the plugin's controller takes telemetry from its own engine "
                        "in process: it has no intake another process can send to), replica-kill (one engine, no "
-                       "replica to fail over to), disk-full and corrupt-state (not built for this mode)"
-                       + (", engine-wedge (--quick)" if args.quick else ""))  # fmt: skip
+                       "replica to fail over to)" + (", disk-full, engine-wedge, corrupt-state (--quick)" if args.quick else ""))  # fmt: skip
     results["not_run"] = not_run
     results["wall_s"] = round(time.monotonic() - started)
     write(results, args.out, argv)

@@ -298,6 +298,23 @@ def served_model_name(vllm_config: Any, args: Namespace | None) -> str:
     return str(name)
 
 
+def share_vllm_logging() -> None:
+    """Print EB+'s own lines (the ``ebplus`` loggers: the controller's full disk and recovery, a corrupt state set
+    aside, a resume) through vLLM's handlers, at vLLM's level, as the plugin's own lines are.
+
+    vLLM configures only its ``vllm`` logger: without this, ``ebplus.controller``'s errors reach stderr through
+    Python's last-resort handler as bare messages (no level, no time), and its info lines (``controller resumed``)
+    not at all. An ``ebplus`` logger that has handlers already (an operator's logging config) is left alone.
+    """
+    ours, theirs = logging.getLogger("ebplus"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.getEffectiveLevel())
+    ours.propagate = False
+
+
 async def create_runtime(engine_client: Any, args: Namespace | None) -> EBPlusRuntime:
     """Every start-up check, then the runtime (not yet pushing: :meth:`EBPlusRuntime.start`).
 
@@ -308,6 +325,7 @@ async def create_runtime(engine_client: Any, args: Namespace | None) -> EBPlusRu
         check_vllm_version()
     except VllmVersionError as exc:
         raise PluginError(str(exc)) from None
+    share_vllm_logging()  # before the controller is built: its store reports a corrupt state as it loads
     vllm_config = engine_client.vllm_config
     check_topology(vllm_config, args)
     check_scheduler(vllm_config)

@@ -24,7 +24,7 @@ from harness.cluster import Cluster
 from harness.deployment import Deployment
 from harness.faults import scenario_replica_kill
 from harness.load import BackgroundLoad
-from harness.plugin import PluginServer
+from harness.plugin import PluginServer, restart_plugin_server, stop_plugin_server
 
 
 def replica_kill(dep: Deployment, cluster: Cluster) -> dict:
@@ -66,12 +66,17 @@ def _fill(directory: Path) -> Path:
     return filler
 
 
-def disk_full(dep: Deployment, cluster: Cluster, state_dir: Path, load_s: float = 8.0) -> dict:
+def disk_full(dep: Deployment | PluginServer, state_dir: Path, persist_error: Callable[[], str | None] | None = None,
+              logs: list[Path] | None = None, load_s: float = 8.0) -> dict:  # fmt: skip
     """The controller's ``state_dir`` file system filled up under load, then freed: decisions go on and are said
-    not persisted (``/admin/recompute`` answers ``persisted: false`` with the reason), and are persisted again
-    once space is back."""
+    not persisted (``/admin/recompute`` answers ``persisted: false`` with the reason), the failure is logged once,
+    no temporary file is left, and the state is persisted again once space is back. ``persist_error`` reads the
+    controller's own report while the disk is full (``ebplus serve``: its snapshot; the plugin has none beyond the
+    answer's message). The log lines are those written during the probe to ``logs`` (where the controller logs:
+    :func:`controller_logs`; default ``dep.log_path``, the plugin's server)."""
     state = state_dir / STATE_FILE
     state_bytes = state.stat().st_size if state.exists() else 0
+    logged = log_from(*(logs or [dep.log_path]))
     filler = _fill(state_dir)
     answers: Counter = Counter()
     try:
@@ -81,13 +86,54 @@ def disk_full(dep: Deployment, cluster: Cluster, state_dir: Path, load_s: float 
         result = load.join()
         answers.update(result.summary()["http_attempts"])
         answers[full.status_code] += 1
-        persist_error = (cluster.snapshot().get("controller") or {}).get("persist_error")
+        error = {} if persist_error is None else {"persist_error": persist_error()}
     finally:
         filler.unlink(missing_ok=True)
     freed = httpx.post(f"{dep.base_url}/admin/recompute", headers=dep.admin_headers, timeout=60)
     answers[freed.status_code] += 1
+    lines = logged()
     return {"answers": answers, "lost": len(result.failed), "state_bytes": state_bytes, "while_full": _decision(full),
-            "persist_error": persist_error, "after_freed": _decision(freed)}  # fmt: skip
+            **error, "after_freed": _decision(freed),
+            "tmp_files_left": sorted(p.name for p in state_dir.glob(".controller-state.*")),
+            "log_lines": {"not persisted": sum(NOT_PERSISTED in x for x in lines),
+                          "persisted again": sum(PERSISTED_AGAIN in x for x in lines)},
+            "logged": [x[-240:] for x in lines if NOT_PERSISTED in x or PERSISTED_AGAIN in x][:4]}  # fmt: skip
+
+
+#: The controller's log lines when its store starts failing and when it recovers (:meth:`ControllerActor.persist`),
+#: and when it sets a corrupt state aside (:meth:`StateStore.load`)
+NOT_PERSISTED = "controller state not persisted"
+PERSISTED_AGAIN = "controller state persisted again"
+CORRUPT = "controller state is corrupt"
+
+#: A state file cut short (what a crash mid-write of a non-atomic writer, or a damaged volume, leaves)
+CUT_SHORT = b'{"schema_version": 3, "fleet": {"replic'
+
+
+def log_from(*paths: Path) -> Callable[[], list[str]]:
+    """The lines the files ``paths`` get from now on: call the result to read them."""
+    offsets = {path: path.stat().st_size if path.exists() else 0 for path in paths}
+
+    def lines() -> list[str]:
+        out = []
+        for path, offset in offsets.items():
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                out += fh.read().decode(errors="replace").splitlines()
+        return out
+
+    return lines
+
+
+def controller_logs(cluster: Cluster) -> list[Path]:
+    """The controller actor's output in Ray's session logs (``worker-*-<pid>.out`` and ``.err``): ``ebplus serve``
+    runs Ray with ``log_to_driver=False``, so its lines are there, not in the deployment's log."""
+    return sorted(cluster.session_logs().glob(f"worker-*-{cluster.ping()['pid']}.*"))
+
+
+def set_aside(state_dir: Path) -> list[str]:
+    """The corrupt states the store moved aside in ``state_dir``."""
+    return sorted(p.name for p in state_dir.glob("controller-state.corrupt-*"))
 
 
 def _decision(r: httpx.Response) -> dict:
@@ -102,24 +148,40 @@ def corrupt_state(dep: Deployment, cluster: Cluster, state_dir: Path | None) -> 
     overwritten, so it cannot write a good one over it before the kill."""
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
 
-    garbage = b'{"schema_version": 3, "fleet": {"replic'
     with cluster.controller_stopped() as pid:
         if state_dir is not None:
-            (state_dir / STATE_FILE).write_bytes(garbage)
+            (state_dir / STATE_FILE).write_bytes(CUT_SHORT)
         else:
-            _internal_kv_put(STATE_KEY, garbage, overwrite=True)
+            _internal_kv_put(STATE_KEY, CUT_SHORT, overwrite=True)
         os.kill(pid, signal.SIGKILL)  # a crash: Ray restarts the actor, which reads the state
     ping = cluster.wait_controller(timeout_s=120, pid_not=pid)
     if state_dir is not None:
-        aside = sorted(p.name for p in state_dir.glob("controller-state.corrupt-*"))
+        aside = set_aside(state_dir)
     else:
-        aside = ["Ray internal KV"] if _internal_kv_get(STATE_KEY + b".corrupt") == garbage else []
+        aside = ["Ray internal KV"] if _internal_kv_get(STATE_KEY + b".corrupt") == CUT_SHORT else []
     replicas = dep.config.replicas.num_replicas
     t0 = time.monotonic()
     while len(cluster.snapshot()["replicas"]) < replicas and time.monotonic() - t0 < 60:
         time.sleep(0.5)
     return {"answers": {"restarted": 1}, "restored": ping["restored"], "set_aside": aside,
             "replicas_registered_again_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+
+
+def plugin_corrupt_state(srv: PluginServer, state_dir: Path) -> dict:
+    """``vllm serve`` stopped (SIGTERM: the plugin persists its controller's state on the way out), the state
+    file cut short, the server started again: one error line, the file set aside, a cold start (no "resumed"
+    line), and serving again. ``srv`` is the restarted server afterwards."""
+    stop_plugin_server(srv)
+    state = state_dir / STATE_FILE
+    state_bytes = state.stat().st_size if state.exists() else 0
+    state.write_bytes(CUT_SHORT)
+    t0 = time.monotonic()
+    restart_plugin_server(srv, srv.log_path.with_name(f"vllm-restart-{int(time.time())}.log"))
+    lines = srv.log_path.read_text(errors="replace").splitlines()
+    resumed = [x for x in lines if "controller resumed" in x]
+    return {"answers": {"restarted": 1}, "restored": bool(resumed), "state_bytes_before": state_bytes,
+            "set_aside": set_aside(state_dir), "restart_s": round(time.monotonic() - t0, 1),
+            "log_lines": {"corrupt": [x[-300:] for x in lines if CORRUPT in x], "resumed": len(resumed)}}  # fmt: skip
 
 
 def cursor_jump(dep: Deployment, cluster: Cluster) -> dict:

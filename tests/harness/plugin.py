@@ -85,6 +85,8 @@ class PluginServer:
 
     process: subprocess.Popen
     log_path: Path
+    command: list[str] = field(default_factory=list)  # how it was started: :func:`restart_plugin_server` reuses it
+    env: dict[str, str] = field(default_factory=dict)
     model: str = MODEL
     admin_token: str = TOKEN
     api_key: str | None = None
@@ -118,22 +120,40 @@ def start_plugin_server(work: Path, additional: dict = ADDITIONAL, extra_env: di
     """``python -m vllm.entrypoints.openai.api_server`` with the plugin, its output in ``work/vllm.log``; returns
     once it serves and its controller knows the engine (:class:`HarnessError` with the log's tail otherwise)."""
     hf_home, _ = hub_home(work / "hf")
-    log_path = work / "vllm.log"
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL,
                "--host", "127.0.0.1", "--port", str(PORT), *engine_args(additional)]  # fmt: skip
+    env = {**server_env(hf_home), **(extra_env or {})}
+    srv = PluginServer(_popen(command, env, work / "vllm.log"), work / "vllm.log", command, env)
+    _wait_ready(srv)
+    return srv
+
+
+def restart_plugin_server(srv: PluginServer, log_path: Path) -> None:
+    """Start the stopped ``srv`` again as it was started (same command and environment), its output in
+    ``log_path``: ``srv`` is updated in place, so what holds it (a probe's measure) reaches the new server."""
+    if srv.process.poll() is None:
+        raise HarnessError("restart_plugin_server: the server still runs; stop it first")
+    srv.log_path = log_path
+    srv.process = _popen(srv.command, srv.env, log_path)
+    _wait_ready(srv)
+
+
+def _popen(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, env={**server_env(hf_home), **(extra_env or {})}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    srv = PluginServer(proc, log_path)
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_ready(srv: PluginServer) -> None:
+    """Until ``srv`` serves and its controller knows the engine (stopped, with the log's tail, if it never does)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
+        if srv.process.poll() is not None or time.monotonic() > deadline:
             stop_plugin_server(srv)
-            raise HarnessError(f"vLLM with the ebplus plugin not ready:\n{log_path.read_text()[-4000:]}")
+            raise HarnessError(f"vLLM with the ebplus plugin not ready:\n{srv.log_path.read_text()[-4000:]}")
         try:
             ready = httpx.get(f"{srv.base_url}/health", timeout=5).status_code == 200
             if ready and httpx.get(f"{srv.base_url}/admin/thresholds", headers=srv.admin_headers, timeout=5).json()["replicas"]:
-                return srv
+                return
         except (httpx.HTTPError, ValueError, KeyError):
             pass
         time.sleep(1)

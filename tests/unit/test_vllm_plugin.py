@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import logging
 import re
 import time
 import tomllib
 from argparse import Namespace
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -331,3 +333,47 @@ def test_the_docs_page_names_what_the_plugin_reads() -> None:
     assert not missing, f"docs/plain-vllm.md does not name {missing}"
     for entry in ("ebplus.replicas.control:install_engine_utility", "ebplus.deploy.vllm_plugin:EBPlusEndpoint"):
         assert entry in text
+
+
+@pytest.fixture
+def loggers() -> Iterator[tuple[logging.Logger, logging.Logger]]:
+    """The ``ebplus`` and ``vllm`` loggers, put back as they were (caplog needs ``ebplus`` to propagate)."""
+    ours, theirs = logging.getLogger("ebplus"), logging.getLogger("vllm")
+    saved = [(x, list(x.handlers), x.level, x.propagate) for x in (ours, theirs)]
+    ours.handlers, theirs.handlers = [], []
+    yield ours, theirs
+    for x, handlers, level, propagate in saved:
+        x.handlers, x.level, x.propagate = handlers, level, propagate
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def test_the_controllers_lines_go_where_vllms_go(loggers: tuple[logging.Logger, logging.Logger]) -> None:
+    """A corrupt state or a full disk is reported in the server's log with its level, and a resume (info) too:
+    not as a bare message through Python's last-resort handler, or not at all."""
+    ours, theirs = loggers
+    lines = _Lines()
+    theirs.addHandler(lines)
+    theirs.setLevel(logging.INFO)
+    vllm_plugin.share_vllm_logging()
+    logging.getLogger("ebplus.controller").info("controller resumed at version %d", 7)
+    logging.getLogger("ebplus.controller").error("controller state not persisted (serving on, retrying): full")
+    assert lines.lines == ["INFO controller resumed at version 7",
+                           "ERROR controller state not persisted (serving on, retrying): full"]  # fmt: skip
+    assert not ours.propagate  # once, not again through the root logger
+
+
+def test_an_ebplus_logging_config_is_left_alone(loggers: tuple[logging.Logger, logging.Logger]) -> None:
+    ours, theirs = loggers
+    mine = _Lines()
+    ours.addHandler(mine)
+    theirs.addHandler(_Lines())
+    vllm_plugin.share_vllm_logging()
+    assert ours.handlers == [mine] and ours.propagate
