@@ -21,7 +21,7 @@ import pytest
 
 import harness as rel
 from harness import nodeloss
-from harness.multinode import DEFAULT_PLACEMENT_CONFIG, start_default_cluster
+from harness.multinode import DEFAULT_PLACEMENT_CONFIG, deployed_on, start_default_cluster
 from harness.nodes import LocalCluster
 
 #: In ``make test``: about 2.2 minutes on this 2-core machine, quiet (130 s: cluster and deployment 1.0, the node
@@ -32,31 +32,20 @@ ADMIN_TOKEN = "scaleout-default-admin-token-81c2"
 
 
 @pytest.fixture(scope="module")
-def local() -> Iterator[LocalCluster]:
-    with start_default_cluster(ADMIN_TOKEN) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def dep(local: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rel.Deployment]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, rel.Deployment, rel.Cluster]]:
     log_path = tmp_path_factory.mktemp("scaleout-default") / "serve.log"
-    with rel.deployed(DEFAULT_PLACEMENT_CONFIG, log_path, ADMIN_TOKEN, ray_address=local.address) as deployment:
-        yield deployment
-
-
-@pytest.fixture(scope="module")
-def cluster(dep: rel.Deployment) -> Iterator[rel.Cluster]:
-    with rel.Cluster(dep, auth_mode=LocalCluster.AUTH_MODE) as c:
-        yield c
+    with deployed_on(start_default_cluster(ADMIN_TOKEN), DEFAULT_PLACEMENT_CONFIG, ADMIN_TOKEN, log_path) as stack:
+        yield stack
 
 
 @pytest.mark.timeout(900)
 def test_losing_the_ingress_node_under_the_default_placement(
-    dep: rel.Deployment, cluster: rel.Cluster, local: LocalCluster
+    stack: tuple[LocalCluster, rel.Deployment, rel.Cluster],
 ) -> None:
     """The worker holding the ingress, a model replica and a proxy is killed: every request in flight at the
     kill ends within 30 s of it (an answer, or a clear error: a stream ends with an error event and
     [DONE], or complete), nothing is cut silently, requests sent after it succeed, Serve runs a replacement."""
+    local, dep, cluster = stack
     out = nodeloss.scenario_node_loss(dep, cluster, local, target="ingress", rate_per_s=2.0, load_s=45.0)
     print(f"\nnode loss, default placement: {json.dumps(out, default=str)[:6000]}")
     assert out["lost"]["replicas"] and not out["lost"]["controller"], out["lost"]

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ebplus.deploy.serve_env import NODE_HEALTH_ENV
-from harness.deployment import ROOT
+from harness.cluster import Cluster
+from harness.deployment import ROOT, Deployment, deployed
 from harness.nodes import LocalCluster, NodeSpec
 from harness.rollout import variant
 
@@ -75,6 +76,20 @@ def start_default_cluster(admin_token: str, workers: int = 2) -> Iterator[LocalC
     specs = [NodeSpec(f"w{i + 1}", DEFAULT_WORKER.num_cpus) for i in range(workers)]
     with LocalCluster(DEFAULT_HEAD, specs, env={"EBPLUS_ADMIN_TOKEN": admin_token, **NODE_HEALTH_ENV}) as cluster:
         yield cluster
+
+
+@contextlib.contextmanager
+def deployed_on(
+    nodes: contextlib.AbstractContextManager[LocalCluster], config: Path, admin_token: str, log_path: Path
+) -> Iterator[tuple[LocalCluster, Deployment, Cluster]]:
+    """A local multi-node cluster (``nodes``, e.g. :func:`start_default_cluster`), ``config`` deployed onto it
+    through ``ray.address`` and a handle on its Ray side: what a scale-out test module shares."""
+    with (
+        nodes as local,
+        deployed(config, log_path, admin_token, ray_address=local.address) as dep,
+        Cluster(dep, auth_mode=LocalCluster.AUTH_MODE) as cluster,
+    ):
+        yield local, dep, cluster
 
 
 def rollout_config(dest_dir: Path, number: int) -> Path:
