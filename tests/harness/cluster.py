@@ -150,14 +150,15 @@ class Cluster:
     def running_replicas(self) -> int:
         return self.replica_states().get("RUNNING", 0)
 
-    def replica_actors(self) -> dict[str, str]:
-        """Serve replica id -> named actor of every model replica (starting ones included)."""
+    def replica_actors(self, deployment: str = "EBPlusServer") -> dict[str, str]:
+        """Serve replica id -> named actor of every replica of ``deployment`` (default: the model's; starting
+        ones included)."""
         import ray
 
         out = {}
         for actor in ray.util.list_named_actors(all_namespaces=True):
             name = actor["name"]
-            if name.startswith("SERVE_REPLICA::ebplus#EBPlusServer"):
+            if name.startswith(f"SERVE_REPLICA::ebplus#{deployment}"):
                 out[name.rsplit("#", 1)[1]] = name
         return out
 
@@ -170,10 +171,11 @@ class Cluster:
 
         return state.actors(ray.get_actor(name, namespace=namespace)._actor_id.hex())
 
-    def replica_nodes(self) -> dict[str, str]:
-        """Serve replica id -> Ray node id of every model replica that has a node (started or starting)."""
+    def replica_nodes(self, deployment: str = "EBPlusServer") -> dict[str, str]:
+        """Serve replica id -> Ray node id of every replica of ``deployment`` (default: the model's) that has a
+        node (started or starting)."""
         out = {}
-        for rid, name in self.replica_actors().items():
+        for rid, name in self.replica_actors(deployment).items():
             with contextlib.suppress(Exception):  # a replica being removed
                 node = self._actor_info(name, "serve")["Address"]["NodeID"]
                 if node:
@@ -182,16 +184,7 @@ class Cluster:
 
     def ingress_nodes(self) -> list[str]:
         """Ray node ids of the HTTP ingress replicas (started or starting)."""
-        import ray
-
-        out = []
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            if actor["name"].startswith("SERVE_REPLICA::ebplus#EBPlusIngress"):
-                with contextlib.suppress(Exception):  # a replica being removed
-                    node = self._actor_info(actor["name"], "serve")["Address"]["NodeID"]
-                    if node:
-                        out.append(node)
-        return out
+        return list(self.replica_nodes("EBPlusIngress").values())
 
     def controller_node(self) -> str:
         """Ray node id of the controller actor."""
