@@ -1,15 +1,19 @@
-"""The phase-aware router on a real deployment against Ray Serve's default router, rounds interleaved.
+"""The phase-aware router and staggered windows on a real deployment, against Ray Serve's default router.
 
-    python -m benchmarks.routing_bench [--config tests/e2e/routing.yaml] [--routers default,phase]
+    python -m benchmarks.routing_bench [--config tests/e2e/routing.yaml]
+                                       [--routers default,phase,phase+unstaggered]
                                        [--rates 4,6.4] [--rounds 3] [--num-prompts 200]
                                        [--out docs/benchmarks/results/routing-real.md]
 
-Each round starts ``ebplus serve`` once per router (the config's ``replicas.routing.router`` replaced; the
-order rotates from round to round, so neither router always runs on the fresher machine), warms it up, and
-runs vLLM's serving benchmark (``vllm bench serve``'s code) at each request rate: Poisson arrivals of
-random-token prompts answered to exactly ``--output-len`` tokens. It reports TTFT p50/p99 and tokens/s per
-router and rate (medians over the rounds, with min-max), the phase router's ratio to the default one within
-each round, and the phase router's own decision time (board lookup included, from ``/admin/routing``).
+An arm is a router (the config's ``replicas.routing.router`` replaced), and ``+unstaggered`` after it sets
+``controller.stagger: off`` (the config's own setting, the default ``on``, otherwise). Each round starts
+``ebplus serve`` once per arm (the order rotates from round to round, so no arm always runs on the fresher
+machine), warms it up, and runs vLLM's serving benchmark (``vllm bench serve``'s code) at each request
+rate: Poisson arrivals of random-token prompts answered to exactly ``--output-len`` tokens. It reports
+TTFT p50/p99 and tokens/s per arm and rate (medians over the rounds, with min-max); within each round,
+each arm's ratio to the default router and each staggered arm's to its unstaggered twin; the controller's
+stagger decision and the windows its timer opened; and the board router's decision time (board lookup
+included, from ``/admin/routing``), on the wall clock and in the router thread's CPU time.
 
 On two cores the replicas share the machine with the benchmark client and Ray: a ratio whose rounds straddle
 1 is reported as no difference.
@@ -23,7 +27,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import yaml
 
 from benchmarks.e2e_bench import random_dataset, serving_benchmark, warm_up
@@ -35,21 +41,42 @@ from harness.routing import ROUTING_CONFIG
 PORT = 18400
 RAY_METRICS_PORT = 18480
 FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "total_tok_per_s")
+#: An arm's suffix that turns the controller's stagger off (``controller.stagger: off``).
+UNSTAGGERED = "+unstaggered"
+#: The decision-time clocks ``/admin/routing`` reports (``ebplus.deploy.request_router.CLOCKS``), as the summary
+#: names them.
+CLOCK_NAMES = {"decision_us": "wall clock", "decision_cpu_us": "router thread's CPU time"}
 
 
-def deployment_config(base: Path, router: str, workdir: Path) -> Path:
-    """A copy of ``base`` with ``replicas.routing.router`` set and this benchmark's ports."""
+def deployment_config(base: Path, arm: str, workdir: Path) -> Path:
+    """A copy of ``base`` set up for ``arm`` (its router, the stagger off if it says so) and this benchmark's
+    ports."""
     cfg = yaml.safe_load(base.read_text())
-    cfg.setdefault("replicas", {}).setdefault("routing", {})["router"] = router
+    cfg.setdefault("replicas", {}).setdefault("routing", {})["router"] = arm.removesuffix(UNSTAGGERED)
+    if arm.endswith(UNSTAGGERED):
+        cfg.setdefault("controller", {})["stagger"] = "off"
     cfg.setdefault("http", {}).update(host="127.0.0.1", port=PORT)
     cfg.setdefault("ray", {})["metrics_export_port"] = RAY_METRICS_PORT
-    path = workdir / f"{router}.yaml"
+    path = workdir / f"{arm}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
+def stagger_seen(dep: Any) -> dict[str, Any]:
+    """The controller's stagger decision now (``/admin/thresholds``) and the windows its timer opened over the
+    deployment's life (``ebplus_stagger_windows_total``, summed over the replicas, from ``/metrics``)."""
+    decision = dep.admin("/admin/thresholds").get("stagger") or {}
+    text = httpx.get(f"{dep.base_url}/metrics", timeout=30).text
+    windows = sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("ebplus_stagger_windows_total")
+    )
+    return {"on": decision.get("on"), "reason": decision.get("reason"), "period_s": decision.get("period_s"),
+            "timer_windows": int(windows)}  # fmt: skip
+
+
 def run_router(args: argparse.Namespace, router: str, round_: int, workdir: Path) -> list[dict]:
-    """One deployment with ``router``: the benchmark at every rate, then what the router saw."""
+    """One deployment of the arm ``router``: the benchmark at every rate, then what the router and the
+    controller's stagger saw."""
     log = workdir / f"serve-{router}-{round_}.log"
     print(f"[routing] round {round_}, {router}: starting the deployment (log {log})", flush=True)
     dep = start_deployment(deployment_config(Path(args.config), router, workdir), log, secrets.token_hex(16))
@@ -76,22 +103,43 @@ def run_router(args: argparse.Namespace, router: str, round_: int, workdir: Path
                 }
             )
         routing = dep.admin("/admin/routing")["routers"]
+        stagger = stagger_seen(dep)
     finally:
         stop_deployment(dep)
     for row in rows:
         row["router_view"] = {k: v for k, v in routing[0].items() if k != "boards"} if routing else None
+        row["stagger"] = stagger
     return rows
 
 
+def ratio_rows(rows: list[dict], args: argparse.Namespace, pairs: list[tuple[str, str]]) -> list[str]:
+    """Table rows: within each round, ``arm`` over ``base`` for each pair, per rate (median, min–max over the
+    rounds; a spread that straddles 1 is no difference)."""
+    lines = []
+    for rate in args.rates:
+        for arm, base in pairs:
+            ratios: dict[str, list[float]] = {k: [] for k in FIGURES}
+            for round_ in range(1, args.rounds + 1):
+                pair = {r["router"]: r for r in rows if r["rate"] == rate and r["round"] == round_}
+                if arm in pair and base in pair:
+                    for k in FIGURES:
+                        ratios[k].append(pair[arm][k] / pair[base][k])
+            if not ratios[FIGURES[0]]:
+                continue
+            cells = [spread(v, ",.3f") + (" (no difference)" if min(v) <= 1 <= max(v) else "") for v in ratios.values()]
+            lines.append(f"| {rate:g} | {arm} / {base} | {' | '.join(cells)} |")
+    return lines
+
+
 def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: float) -> list[str]:
-    """The summary: per rate, each router's figures and the phase router's within-round ratios."""
+    """The summary: per rate, each arm's figures; the within-round ratios; the stagger; the decision time."""
     lines = [
-        f"Command: `{command}` ({wall_s / 60:.0f} min). {args.rounds} rounds, each router once a round "
+        f"Command: `{command}` ({wall_s / 60:.0f} min). {args.rounds} rounds, each arm once a round "
         f"(order rotated), {args.num_prompts} requests a run, prompts {args.input_len} ± {args.range_ratio:.0%} "
         f"tokens answered to {args.output_len} tokens (`--ignore-eos`), Poisson arrivals. "
-        "Median (min–max) over the rounds.",
+        f"An arm `ROUTER{UNSTAGGERED}` runs with `controller.stagger: off`. Median (min–max) over the rounds.",
         "",
-        "| rate (req/s) | router | TTFT p50 (ms) | TTFT p99 (ms) | tokens/s | failed |",
+        "| rate (req/s) | arm | TTFT p50 (ms) | TTFT p99 (ms) | tokens/s | failed |",
         "|---|---|---|---|---|---|",
     ]
     for rate in args.rates:
@@ -99,39 +147,47 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
             runs = [r for r in rows if r["rate"] == rate and r["router"] == router]
             cells = [spread([r[k] for r in runs], ",.1f" if k != "total_tok_per_s" else ",.0f") for k in FIGURES]
             lines.append(f"| {rate:g} | {router} | {' | '.join(cells)} | {sum(r['failed'] for r in runs)} |")
-    if "default" in args.routers and len(args.routers) > 1:
-        lines += ["", "Within each round, each router over `default` (median, min–max over the rounds):", ""]
-        lines += ["| rate (req/s) | router | TTFT p50 | TTFT p99 | tokens/s |", "|---|---|---|---|---|"]
-        for rate in args.rates:
-            for router in (r for r in args.routers if r != "default"):
-                ratios = {k: [] for k in FIGURES}
-                for round_ in range(1, args.rounds + 1):
-                    pair = {r["router"]: r for r in rows if r["rate"] == rate and r["round"] == round_}
-                    if router in pair and "default" in pair:
-                        for k in FIGURES:
-                            ratios[k].append(pair[router][k] / pair["default"][k])
-                cells = [
-                    spread(v, ",.3f") + (" (no difference)" if min(v) <= 1 <= max(v) else "") for v in ratios.values()
-                ]
-                lines.append(f"| {rate:g} | {router} | {' | '.join(cells)} |")
-    views = [r["router_view"] for r in rows if r["router_view"] and r["router"] != "default"]
+    pairs = [(arm, "default") for arm in args.routers if arm != "default" and "default" in args.routers]
+    pairs += [(arm.removesuffix(UNSTAGGERED), arm) for arm in args.routers
+              if arm.endswith(UNSTAGGERED) and arm.removesuffix(UNSTAGGERED) in args.routers]  # fmt: skip
+    table = ratio_rows(rows, args, pairs)
+    if table:
+        lines += ["", "Within each round, one arm over another (median, min–max over the rounds):", ""]
+        lines += ["| rate (req/s) | arms | TTFT p50 | TTFT p99 | tokens/s |", "|---|---|---|---|---|", *table]
+    lines += ["", "The controller's stagger, read at the end of each deployment:", ""]
+    for router in args.routers:
+        seen = [r["stagger"] for r in rows if r["router"] == router and r["rate"] == args.rates[0]]
+        ons = sorted({str(s["on"]) for s in seen})
+        lines.append(
+            f"- `{router}`: on {'/'.join(ons)}; period {spread([s['period_s'] or 0.0 for s in seen], '.3f')} s; "
+            f"windows opened by its timer {spread([s['timer_windows'] for s in seen], ',.0f')} a deployment; "
+            f"reason: {seen[0]['reason']}"
+        )
+    views = [
+        r["router_view"] for r in rows if r["router_view"] and r["router"] != "default" and r["rate"] == args.rates[0]
+    ]
     if views:
-        p50 = [v["decision_us"]["p50"] for v in views]
-        p99 = [v["decision_us"]["p99"] for v in views]
         lines += [
             "",
             "Board router decision time (board lookup included; per deployment, every decision of its warm-up and "
-            f"runs): p50 {spread(p50, ',.1f')} µs, p99 {spread(p99, ',.1f')} µs over {len(views)} deployments; "
-            f"{sum(v['decisions'] for v in views):,} decisions, {sum(v['fallbacks'] for v in views):,} of them "
-            "left to power of two choices (no fresh board).",
+            f"runs; {len(views)} deployments, {sum(v['decisions'] for v in views):,} decisions, "
+            f"{sum(v['fallbacks'] for v in views):,} of them left to power of two choices for want of a fresh "
+            "board):",
+            "",
         ]
+        for key, name in CLOCK_NAMES.items():
+            timed = [v[key] for v in views if v.get(key, {}).get("p99") is not None]
+            if timed:
+                lines.append(f"- {name}: p50 {spread([t['p50'] for t in timed], ',.1f')} µs, "
+                             f"p99 {spread([t['p99'] for t in timed], ',.1f')} µs")  # fmt: skip
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROUTING_CONFIG), help="deployment config (two replicas in EB)")
-    parser.add_argument("--routers", default="default,phase", type=lambda s: s.split(","))
+    parser.add_argument("--routers", default=f"default,phase,phase{UNSTAGGERED}", type=lambda s: s.split(","),
+                        help=f"the arms: routers, each with {UNSTAGGERED} for the controller's stagger off")  # fmt: skip
     parser.add_argument("--rates", default="4,6.4", type=lambda s: [float(x) for x in s.split(",")],
                         help="request rates (req/s); the defaults are ~50%% and ~80%% of the config's capacity here")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)

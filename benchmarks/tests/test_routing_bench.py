@@ -1,0 +1,52 @@
+"""The real-deployment routing benchmark's pure parts: the arms' configs and the summary's ratios and stagger."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks.routing_bench import deployment_config, markdown
+from ebplus.deploy.config import load_config
+from harness.routing import ROUTING_CONFIG
+
+
+def test_an_unstaggered_arm_is_its_router_with_the_controllers_stagger_off(tmp_path: Path) -> None:
+    phase = load_config(deployment_config(ROUTING_CONFIG, "phase", tmp_path))
+    off = load_config(deployment_config(ROUTING_CONFIG, "phase+unstaggered", tmp_path))
+    assert phase.replicas.routing.router == off.replicas.routing.router == "phase"
+    assert (phase.controller.stagger, off.controller.stagger) == ("on", "off")
+
+
+def _row(arm: str, round_: int, ttft_p99: float, tok: float, on: bool) -> dict:
+    view = None if arm == "default" else {
+        "decisions": 10, "fallbacks": 1,
+        "decision_us": {"p50": 50.0, "p99": 2000.0 + round_, "n": 10},
+        "decision_cpu_us": {"p50": 40.0, "p99": 90.0 + round_, "n": 10},
+    }  # fmt: skip
+    return {
+        "router": arm, "rate": 4.0, "round": round_, "failed": 0, "ttft_p50_ms": 100.0, "ttft_p99_ms": ttft_p99,
+        "total_tok_per_s": tok, "router_view": view,
+        "stagger": {"on": on, "reason": "why", "period_s": 0.5 if on else 0.0, "timer_windows": 7 if on else 0},
+    }  # fmt: skip
+
+
+def test_the_summary_sets_each_arm_against_default_and_the_stagger_against_its_absence() -> None:
+    rows = []
+    for round_ in (1, 2, 3):
+        rows += [
+            _row("default", round_, 1000.0, 100.0, True),
+            _row("phase", round_, 500.0, 100.0, True),
+            _row("phase+unstaggered", round_, 800.0, 100.0 + round_, False),
+        ]
+    args = argparse.Namespace(rounds=3, num_prompts=10, input_len=8, output_len=8, range_ratio=0.5, rates=[4.0],
+                              routers=["default", "phase", "phase+unstaggered"])  # fmt: skip
+    text = "\n".join(markdown(rows, args, "cmd", 60.0))
+    assert "| 4 | phase / default | 1.000 (1.000–1.000) (no difference) | 0.500 (0.500–0.500) |" in text
+    # staggered over unstaggered: p99 0.625 in every round, throughput lower in every round (not "no difference")
+    assert "| 4 | phase / phase+unstaggered | 1.000 (1.000–1.000) (no difference) | 0.625 (0.625–0.625) | 0.980" in text
+    assert "- `phase`: on True; period 0.500 (0.500–0.500) s; windows opened by its timer 7 (7–7)" in text
+    assert "- `phase+unstaggered`: on False;" in text
+    # each deployment once (not once per rate), both clocks
+    assert "2 deployments" not in text and "6 deployments, 60 decisions, 6 of them" in text
+    assert "- wall clock: p50 50.0 (50.0–50.0) µs, p99 2,002.0 (2,001.0–2,003.0) µs" in text
+    assert "- router thread's CPU time: p50 40.0 (40.0–40.0) µs, p99 92.0 (91.0–93.0) µs" in text
