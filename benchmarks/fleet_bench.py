@@ -61,6 +61,7 @@ class Cell:
     policy: str
     seed: int
     stagger: str = "off"
+    tie_steps: float = 1.0  # the phase router's tie, in decode steps
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,8 @@ def run_cell(cell: Cell) -> list[Run]:
                               rate=rate, burst_cv=ARRIVALS[cell.arrivals])  # fmt: skip
         started = time.perf_counter()
         config = SimConfig(policy=Policy(cell.policy), controller=ControllerConfig(stagger=cell.stagger))
-        result = simulate_fleet([resolve_profile(cell.profile)], reqs, config,
-                                cell.replicas, make_router(name, cell.seed, stale_s=math.inf))  # fmt: skip
+        router = make_router(name, cell.seed, stale_s=math.inf, tie_steps=cell.tie_steps)
+        result = simulate_fleet([resolve_profile(cell.profile)], reqs, config, cell.replicas, router)
         data = result.as_json()
         runs.append(Run(cell, name, data["ttft_p50_s"], data["ttft_p99_s"], data["tok_per_s"],
                         data["windows_short_share"], time.perf_counter() - started))  # fmt: skip
@@ -111,9 +112,11 @@ def run_cells(label: str, run: Callable[[Cell], list], cells: Sequence[Cell], wo
 
 def grid(args: argparse.Namespace) -> list[Cell]:
     if args.quick:
-        return [Cell("h200", "paper", 16, load, "poisson", "eb", 3, args.stagger) for load in LOADS]
+        return [
+            Cell("h200", "paper", 16, load, "poisson", "eb", 3, args.stagger, args.phase_tie_steps) for load in LOADS
+        ]
     axes = (args.profiles, args.workloads, args.replicas, args.loads, args.arrivals, args.policies, args.seeds)
-    return [Cell(*c, stagger=args.stagger) for c in itertools.product(*axes)]
+    return [Cell(*c, stagger=args.stagger, tie_steps=args.phase_tie_steps) for c in itertools.product(*axes)]
 
 
 def _med(values: list[float]) -> str:
@@ -193,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arrivals", nargs="+", choices=list(ARRIVALS), default=list(ARRIVALS))
     parser.add_argument("--policies", nargs="+", choices=list(POLICY_CHOICES), default=list(POLICIES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), metavar="SEED")
+    parser.add_argument("--phase-tie-steps", type=float, default=1.0, metavar="STEPS",
+                        help="the phase router's tie: admissions this many decode steps apart count as equal "
+                        "(default 1, the router's own)")  # fmt: skip
     parser.add_argument("--stagger", choices=("off", "on"), default="off",
                         help="the controller's staggered windows (default off: the routers alone; "
                         "benchmarks.stagger_bench measures the stagger)")  # fmt: skip

@@ -207,17 +207,19 @@ class PhaseAware:
     to them: ``benchmarks/fleet_bench.py``). A fleet with no EB replica has no window: ties within
     ``tie_s``, by load.
 
-    ``tie_s``: admissions this close always count as equal. ``stale_s``: a board older than this, at
-    any replica, means the boards cannot be trusted (their channel is down or slow): power of two
-    choices until they are fresh again.
+    ``tie_s``: admissions this close always count as equal. ``tie_steps``: the tie in decode steps (1; two
+    steps fill more windows near saturation and delay more requests at every load: the fleet benchmark's
+    ``--phase-tie-steps``). ``stale_s``: a board older than this, at any replica, means the boards cannot be
+    trusted (their channel is down or slow): power of two choices until they are fresh again.
     """
 
     name: ClassVar[str] = "phase"
     #: weight of the newest gap in the arrival rate's average (about the last 20 requests)
     RATE_EMA = 0.05
 
-    def __init__(self, seed: int = 0, tie_s: float = 0.005, stale_s: float = 2.0) -> None:
+    def __init__(self, seed: int = 0, tie_s: float = 0.005, stale_s: float = 2.0, tie_steps: float = 1.0) -> None:
         self.tie_s = tie_s
+        self.tie_steps = tie_steps
         self.stale_s = stale_s
         self.fallback = PowerOfTwo(seed)
         self.fallbacks = 0  # decisions made by the fallback
@@ -248,7 +250,7 @@ class PhaseAware:
 
     def _soonest(self, boards: Sequence[PhaseBoard], etas: list[float]) -> int:
         steps = [b.decode_step_s for b in boards if b.mode is Mode.EB and b.decode_step_s > 0]
-        tie = max(self.tie_s, min(steps)) if steps else self.tie_s
+        tie = max(self.tie_s, self.tie_steps * min(steps)) if steps else self.tie_s
         soonest = min(etas)
         near = [i for i, eta in enumerate(etas) if eta <= soonest + tie]
         return min(near, key=lambda i: (-_window_fill(boards[i]), boards[i].token_load))
@@ -269,9 +271,14 @@ ROUTERS: dict[str, type[PowerOfTwo] | type[LeastLoaded] | type[PhaseAware]] = {
 }
 
 
-def make_router(name: str, seed: int = 0, stale_s: float = 2.0) -> PowerOfTwo | LeastLoaded | PhaseAware:
+def make_router(
+    name: str, seed: int = 0, stale_s: float = 2.0, tie_steps: float = 1.0
+) -> PowerOfTwo | LeastLoaded | PhaseAware:
     """The router called ``name`` (a key of :data:`ROUTERS`); ``ValueError`` naming the choices otherwise.
-    ``stale_s``: the phase router's board age limit (``math.inf`` where boards are exact, as in simulation)."""
+    ``stale_s``: the phase router's board age limit (``math.inf`` where boards are exact, as in simulation);
+    ``tie_steps``: its tie in decode steps (:class:`PhaseAware`)."""
     if name not in ROUTERS:
         raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
-    return PhaseAware(seed, stale_s=stale_s) if name == PhaseAware.name else ROUTERS[name](seed)
+    if name == PhaseAware.name:
+        return PhaseAware(seed, stale_s=stale_s, tie_steps=tie_steps)
+    return ROUTERS[name](seed)

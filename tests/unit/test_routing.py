@@ -198,6 +198,7 @@ def test_admissions_a_decode_step_apart_tie_and_the_fuller_window_wins() -> None
     assert router.choose([alone, filling], 1.0) == 1  # 15 ms apart, inside one 20 ms decode step
     later = dataclasses.replace(filling, step_end_s=1.03)  # beyond a step: the sooner admission wins
     assert router.choose([alone, later], 1.0) == 0
+    assert make_router("phase", stale_s=math.inf, tie_steps=2).choose([alone, later], 1.0) == 1  # a tie of 2 steps
     # the window's fill counts up to k only; past it, token load decides
     full, fuller = board(prefilling=True, waiting=16, kv_tokens=9_000), board(prefilling=True, waiting=20)
     assert admission_eta(full, 1.0) == admission_eta(fuller, 1.0) == 0.0
