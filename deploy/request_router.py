@@ -173,11 +173,15 @@ class BoardRouter(FIFOMixin, RequestRouter):
             fresh = decode(hints, RoutingHints)
         except WireError:
             self.refused += 1
-            return
+            fresh = self.hints
         if fresh != self.hints:
             self.hints = fresh
             for board in self.boards.values():
                 board.view = None
+        # Built here, off the request path: otherwise the first decision after a pull rebuilt every board it
+        # read (at 256 replicas, most of a millisecond). A decision then rebuilds only the board it leased.
+        for rid, board in self.boards.items():
+            _ = board.board(self.hints, rid).waits
 
     async def _watch(self) -> None:
         """Pull the board actor's newer reports, at most once an interval, until the router goes away."""

@@ -80,7 +80,9 @@ def test_it_asks_the_policy_with_the_boards_the_replicas_published() -> None:
     assert view["boards"]["b"]["prefilling"] and view["decision_us"]["n"] == 1 and view["decision_us"]["p99"] > 0
     # the decision's own CPU time, beside its wall time: no more than it (a few µs apart: the clocks are read in turn)
     assert view["decision_cpu_us"]["n"] == 1 and 0 < view["decision_cpu_us"]["p99"] <= view["decision_us"]["p99"] + 5
-    # the boards are built once per change: new hints reach the next decision's boards
+    # the boards are built once per change, when the change arrives (off the request path): new hints reach the
+    # next decision's boards
+    assert all(b.view is not None and "waits" in b.view.__dict__ for b in router.boards.values())
     assert router.boards["a"].board(router.hints, "a").prefill_s_per_token == 2e-5
     router.take(2, {}, list(reports), encode(RoutingHints(p0=0.01, beta_p={"a": 5e-5})))
     assert router.boards["a"].board(router.hints, "a").prefill_s_per_token == 5e-5
