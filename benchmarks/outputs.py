@@ -53,6 +53,18 @@ def write_summary(out: Path, title: str, lines: list[str], raw: list[dict], name
     print(f"{name}: wrote {out}", file=sys.stderr)
 
 
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """``python -m module`` with the arguments it ran with (``sys.argv``'s when ``argv`` is None): what a page
+    quotes as the command that made it."""
+    return " ".join(["python -m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def publish(out: Path, title: str, lines: list[str], raw: list[dict], name: str) -> None:
+    """:func:`write_summary`, then the summary's lines on stdout, as a run ends."""
+    write_summary(out, title, lines, raw, name)
+    print("\n".join(lines))
+
+
 def interleaved(rounds: int, arms: Sequence[str]) -> Iterator[tuple[int, str]]:
     """``(round, arm)`` for ``rounds`` rounds (from 1) of every arm, the order reversed every other round, so
     that a drift of the machine over a run falls on every arm alike (the figures a summary compares)."""

@@ -32,7 +32,7 @@ from typing import Any
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID
 from ray.serve.request_router import ReplicaID
 
-from benchmarks.outputs import SUMMARY_DIR, interleaved, spread, write_summary
+from benchmarks.outputs import SUMMARY_DIR, command_line, interleaved, publish, spread
 from ebplus.controller.messages import Mode, PhaseReport, RoutingHints, encode
 from ebplus.deploy.request_router import BoardRouter
 
@@ -120,10 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[router-overhead] round {round_}, {replicas} replicas", file=sys.stderr, flush=True)
         seen = asyncio.run(drive(int(replicas), args.decisions, args.decisions_per_pull, args.in_flight, round_))
         rows.append({"replicas": int(replicas), "round": round_, **seen})
-    command = "python -m benchmarks.router_overhead " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = markdown(rows, args, command.strip(), time.monotonic() - started)
-    write_summary(Path(args.out), "Board router decision time by fleet size", lines, rows, "router_overhead")
-    print("\n".join(lines))
+    lines = markdown(rows, args, command_line("benchmarks.router_overhead", argv), time.monotonic() - started)
+    publish(Path(args.out), "Board router decision time by fleet size", lines, rows, "router_overhead")
     return 0
 
 

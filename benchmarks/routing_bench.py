@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import secrets
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import httpx
 import yaml
 
 from benchmarks.e2e_bench import random_dataset, serving_benchmark, warm_up
-from benchmarks.outputs import SUMMARY_DIR, interleaved, spread, write_summary
+from benchmarks.outputs import SUMMARY_DIR, command_line, interleaved, publish, spread
 from ebplus.deploy.app import model_path
 from harness import start_deployment, stop_deployment
 from harness.routing import ROUTING_CONFIG
@@ -203,10 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ebplus-routing-") as tmp:
         for round_, router in interleaved(args.rounds, args.routers):
             rows += run_router(args, router, round_, Path(tmp))
-    command = "python -m benchmarks.routing_bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = markdown(rows, args, command.strip(), time.monotonic() - started)
-    write_summary(Path(args.out), "Phase-aware routing on a real deployment", lines, rows, "routing_bench")
-    print("\n".join(lines))
+    lines = markdown(rows, args, command_line("benchmarks.routing_bench", argv), time.monotonic() - started)
+    publish(Path(args.out), "Phase-aware routing on a real deployment", lines, rows, "routing_bench")
     return 0
 
 
