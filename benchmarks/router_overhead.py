@@ -34,7 +34,7 @@ from ray.serve.request_router import ReplicaID
 
 from benchmarks.outputs import SUMMARY_DIR, command_line, interleaved, publish, spread
 from ebplus.controller.messages import Mode, PhaseReport, RoutingHints, encode
-from ebplus.deploy.request_router import BoardRouter
+from ebplus.deploy.request_router import BoardRouter, percentiles_us
 
 DEPLOYMENT = DeploymentID(name="bench", app_name="ebplus")
 
@@ -80,9 +80,10 @@ async def drive(replicas: int, decisions: int, per_pull: int, in_flight: int, se
     view = router.view()
     if router._watching is not None:
         router._watching.cancel()
-    pulls.sort()
-    pull_us = {q: pulls[min(len(pulls) - 1, int(f * len(pulls)))] * 1e6 for q, f in (("p50", 0.5), ("p99", 0.99))}
-    return {**{k: view[k] for k in ("decisions", "fallbacks", "decision_us", "decision_cpu_us")}, "pull_us": pull_us}
+    return {
+        **{k: view[k] for k in ("decisions", "fallbacks", "decision_us", "decision_cpu_us")},
+        "pull_us": percentiles_us(pulls),  # the same nearest-rank percentiles as the decisions'
+    }
 
 
 def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: float) -> list[str]:

@@ -28,13 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from benchmarks.e2e_bench import random_dataset, serving_benchmark, warm_up
 from benchmarks.outputs import SUMMARY_DIR, command_line, interleaved, publish, spread
 from ebplus.deploy.app import model_path
-from harness import start_deployment, stop_deployment
+from harness import Deployment, start_deployment, stop_deployment
 from harness.routing import ROUTING_CONFIG
 
 PORT = 18400
@@ -61,16 +60,12 @@ def deployment_config(base: Path, arm: str, workdir: Path) -> Path:
     return path
 
 
-def stagger_seen(dep: Any) -> dict[str, Any]:
+def stagger_seen(dep: Deployment) -> dict[str, Any]:
     """The controller's stagger decision now (``/admin/thresholds``) and the windows its timer opened over the
     deployment's life (``ebplus_stagger_windows_total``, summed over the replicas, from ``/metrics``)."""
-    decision = dep.admin("/admin/thresholds").get("stagger") or {}
-    text = httpx.get(f"{dep.base_url}/metrics", timeout=30).text
-    windows = sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("ebplus_stagger_windows_total")
-    )
+    decision = dep.thresholds().get("stagger") or {}
     return {"on": decision.get("on"), "reason": decision.get("reason"), "period_s": decision.get("period_s"),
-            "timer_windows": int(windows)}  # fmt: skip
+            "timer_windows": int(dep.metric_total("ebplus_stagger_windows_total"))}  # fmt: skip
 
 
 def run_router(args: argparse.Namespace, router: str, round_: int, workdir: Path) -> list[dict]:

@@ -28,6 +28,7 @@ import math
 import random
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,12 +240,12 @@ class BoardRouter(FIFOMixin, RequestRouter):
             "decisions": self.decisions,
             "fallbacks": self.fallbacks,
             "refused_reports": self.refused,
-            **{name: _percentiles_us(times) for name, times in self.timings.items()},
+            **{name: percentiles_us(times) for name, times in self.timings.items()},
             "boards": boards,
         }
 
 
-def _percentiles_us(seconds: deque[float]) -> dict[str, float | int | None]:
+def percentiles_us(seconds: Iterable[float]) -> dict[str, float | int | None]:
     """p50 and p99 of ``seconds``, in microseconds (``None`` before the first decision), and how many."""
     times = sorted(seconds)
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import http.server
+import json
+import threading
 from pathlib import Path
 
-from benchmarks.routing_bench import deployment_config, markdown
+from benchmarks.routing_bench import deployment_config, markdown, stagger_seen
 from ebplus.deploy.config import load_config
+from harness import Deployment
 from harness.routing import ROUTING_CONFIG
 
 
@@ -50,3 +54,36 @@ def test_the_summary_sets_each_arm_against_default_and_the_stagger_against_its_a
     assert "2 deployments" not in text and "6 deployments, 60 decisions, 6 of them" in text
     assert "- wall clock: p50 50.0 (50.0–50.0) µs, p99 2,002.0 (2,001.0–2,003.0) µs" in text
     assert "- router thread's CPU time: p50 40.0 (40.0–40.0) µs, p99 92.0 (91.0–93.0) µs" in text
+
+
+def test_the_stagger_seen_is_the_controllers_decision_and_its_timers_windows_over_every_replica(
+    tmp_path: Path,
+) -> None:
+    """Against a stand-in for the deployment's HTTP side: ``/admin/thresholds`` and a ``/metrics`` with two
+    replicas' counters (and another metric sharing the name's prefix, which must not count)."""
+    metrics = (
+        "# TYPE ebplus_stagger_windows_total counter\n"
+        'ebplus_stagger_windows_total{replica="a"} 3.0\nebplus_stagger_windows_total{replica="b"} 4.0\n'
+        "# TYPE ebplus_stagger_windows_total_other gauge\nebplus_stagger_windows_total_other 100.0\n"
+    )
+    thresholds = json.dumps({"version": 3, "stagger": {"on": True, "reason": "2 of 2 replicas in EB", "period_s": 0.5}})
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = (thresholds if self.path == "/admin/thresholds" else metrics).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = load_config(deployment_config(ROUTING_CONFIG, "phase", tmp_path))
+        config = config.model_copy(update={"http": config.http.model_copy(update={"port": server.server_address[1]})})
+        dep = Deployment(config=config, admin_token="t", api_key=None, process=None, log_path=tmp_path / "log")
+        assert stagger_seen(dep) == {"on": True, "reason": "2 of 2 replicas in EB", "period_s": 0.5, "timer_windows": 7}
+    finally:
+        server.shutdown()

@@ -84,6 +84,13 @@ class Deployment:
     def thresholds(self) -> dict:
         return self.admin("/admin/thresholds")
 
+    def metric_total(self, name: str) -> float:
+        """The sum of ``name``'s samples on ``/metrics`` (every replica's, every label set)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"{self.base_url}/metrics", timeout=30).text
+        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
 
 def start_deployment(
     config_path: Path,
