@@ -161,15 +161,18 @@ class SimResult:
         return out
 
     def _steady_rate(self, weights: np.ndarray, lo: float, hi: float) -> float:
-        """Rate of ``weights`` (per request) over the window between the ``lo`` and ``hi`` completion quantiles.
+        """Rate of ``weights`` (per request) over the window between the ``lo`` and ``hi`` completion quantiles."""
+        f = np.sort(self.finish_s)
+        return self._rate_between(weights, float(f[int(lo * (f.size - 1))]), float(f[int(hi * (f.size - 1))]))
+
+    def _rate_between(self, weights: np.ndarray, a: float, b: float) -> float:
+        """Rate of ``weights`` (per request) between times ``a`` and ``b``.
 
         Each request is credited pro rata over its life in the engine (first token
         to finish), not at the instant it completes: under EB with a large k whole
         cohorts complete together, and a window edge that falls just before or
         after a burst would swing a completion count by a cohort.
         """
-        f = np.sort(self.finish_s)
-        a, b = float(f[int(lo * (f.size - 1))]), float(f[int(hi * (f.size - 1))])
         start, end = self.first_token_s, self.finish_s
         life = end - start
         overlap = np.clip(np.minimum(end, b) - np.maximum(start, a), 0.0, None)
@@ -187,6 +190,19 @@ class SimResult:
     def steady_tok_per_s(self, lo: float = 0.2, hi: float = 0.8) -> float:
         """Total (input + output) tokens/s in steady state, as :meth:`steady_req_per_s`."""
         return self._steady_rate((self.input_len + self.output_len).astype(float), lo, hi)
+
+    def loaded_tok_per_s(self, skip: float = 0.25) -> float:
+        """Tokens/s computed while requests still arrive: from ``skip`` of the way through the arrivals (the fleet
+        filled, the controller's first plans made) to the last arrival. A request's prompt counts when its first
+        token is out (its prefill), its output pro rata over its decode (first token to finish).
+
+        ``tok_per_s`` runs to the last completion, so it also measures how a finite trace drains: which
+        replica the last long requests went to. This rate is the work done while the load is on.
+        """
+        first, last = float(np.nanmin(self.arrival_s)), float(np.nanmax(self.arrival_s))
+        a = first + skip * (last - first)
+        prefilled = float(self.input_len[(self.first_token_s > a) & (self.first_token_s <= last)].sum())
+        return prefilled / (last - a) + self._rate_between(self.output_len.astype(float), a, last)
 
 
 #: The fields of an estimate ``ebplus sim run --json`` and ``ebplus bench sim`` report.

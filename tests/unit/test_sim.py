@@ -241,3 +241,15 @@ def test_config_validation() -> None:
         SimConfig(policy=Policy.EB, k=100, n=10)
     with pytest.raises(ValueError, match="kv_capacity_tokens"):
         simulate(profile(kv=100), build_requests(workload(), seed=0, requests=5), SimConfig(policy=Policy.MB))
+
+
+def test_loaded_rate_is_the_offered_load_and_leaves_out_the_drain() -> None:
+    """Below capacity, the work done while requests arrive is the offered load (tokens/s); ``tok_per_s``,
+    first arrival to last completion, also counts the drain after the last arrival, so it is lower."""
+    rate = 20.0  # requests/s: about a third of an H200's MB capacity on this workload
+    reqs = build_requests(workload(), seed=2, requests=2000, rate=rate)
+    res = simulate(resolve_profile("h200"), reqs, SimConfig(policy=Policy.MB))
+    offered = rate * float((reqs.input_len + reqs.output_len).mean())
+    assert res.loaded_tok_per_s() == pytest.approx(offered, rel=0.05)
+    assert res.tok_per_s < res.loaded_tok_per_s()
+    assert res.finish_s.max() > np.nanmax(res.arrival_s)  # the last requests finish after the last arrival
