@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from benchmarks import fleet_bench
@@ -12,14 +14,50 @@ from benchmarks import fleet_bench
 def test_a_cell_runs_every_router_on_the_same_requests_and_the_page_reports_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fleet_bench, "REQUESTS_PER_REPLICA", 150)
-    cell = fleet_bench.Cell("h200", "paper", 3, 0.8, "poisson", "eb", 3)
+    cell = fleet_bench.Cell("h200", "paper", 3, 0.8, "poisson", "eb", 3, per_replica=150)
     runs = fleet_bench.run_cell(cell)
     assert [r.router for r in runs] == ["default", "least-loaded", "phase"]
-    assert all(r.tok_per_s > 0 and r.ttft_p99_s >= r.ttft_p50_s for r in runs)
+    assert fleet_bench.grid(fleet_bench.parse(["--replicas", "3", "--requests-per-replica", "150"]))[0].per_replica == 150
+    assert all(r.tok_per_s > 0 and r.loaded_tok_per_s and r.ttft_p99_s >= r.ttft_p50_s for r in runs)
+    assert all(r.ttft_p99_warm_s is not None and r.ttft_p99_warm_s > 0 for r in runs)
     lines = fleet_bench.markdown(runs, "python -m benchmarks.fleet_bench --test", 1.0)
     row = next(line for line in lines if line.startswith("| h200 | paper | 3 | 80% | poisson | eb |"))
-    assert row.count("|") == 15
-    assert "EB cells at 80 % load meeting the target" in lines[-1]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert len(cells) == 16
+    assert cells[15] == f"{phase_warm_ratio(runs):.2f}"
+    phase, default = runs[2], runs[0]
+    assert cells[12:14] == [f"{phase.tok_per_s / default.tok_per_s:.3f}",
+                            f"{phase.loaded_tok_per_s / default.loaded_tok_per_s:.3f}"]  # fmt: skip
+    assert any("EB cells at 80 % load meeting the target" in line for line in lines)
+    assert any(line.startswith("Cells where the phase router's tokens/s") for line in lines)
+    assert any(line.startswith("Cells where the phase router's loaded tokens/s") for line in lines)
     fleet_bench.plot(runs, tmp_path / "fleet.png")
     assert (tmp_path / "fleet.png").stat().st_size > 0
+
+
+def phase_warm_ratio(runs: list[fleet_bench.Run]) -> float:
+    default, phase = runs[0], runs[2]
+    assert default.ttft_p99_warm_s and phase.ttft_p99_warm_s
+    return phase.ttft_p99_warm_s / default.ttft_p99_warm_s
+
+
+def test_the_warm_p99_leaves_out_the_first_arrivals() -> None:
+    result = SimpleNamespace(arrival_s=np.arange(100.0)[::-1], first_token_s=np.arange(100.0)[::-1] + 0.01)
+    result.first_token_s[90:] += 5.0  # the ten that arrived first waited 5 s more
+    assert fleet_bench.warm_ttft_p99(result) == pytest.approx(0.01)  # type: ignore[arg-type]
+
+
+def test_the_page_names_each_cell_short_of_the_better_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
+    cell = fleet_bench.Cell("rtx-pro-6000", "capped-uniform", 4, 0.95, "poisson", "eb", 3)
+
+    def run(router: str, tok: float, loaded: float | None) -> fleet_bench.Run:
+        return fleet_bench.Run(cell, router, 0.1, 1.0, tok, 0.2, 1.0, loaded)
+
+    runs = [run("default", 100.0, 50.0), run("least-loaded", 101.0, 49.0), run("phase", 99.5, 50.0)]
+    lines = fleet_bench.markdown(runs, "test", 1.0)
+    assert "tokens/s (median over the seeds) is more than 1 % below the better baseline's: 1: " \
+        "rtx-pro-6000 capped-uniform 4 95% poisson eb (0.985)." in " ".join(lines)
+    assert any(line.endswith("loaded tokens/s (median over the seeds) is more than 1 % below the better "
+                             "baseline's: 0.") for line in lines)  # fmt: skip
+    old = [run("default", 100.0, None), run("least-loaded", 101.0, None), run("phase", 99.5, None)]
+    assert not any("loaded tokens/s" in line for line in fleet_bench.markdown(old, "test", 1.0))
