@@ -174,7 +174,8 @@ def markdown(runs: list[Run], command: str, wall_s: float) -> list[str]:
             f"| {_median_or_dash([_over(p, q, 'ttft_p99_warm_s') for p, q in zip(ph, d, strict=True)], 2)} |"
         )
         for field, names in short.items():  # the phase router against the better baseline, per seed, then the median
-            better = [_over(p, max(q, r, key=lambda x: getattr(x, field) or 0), field) for p, q, r in zip(ph, d, ll, strict=True)]
+            better = [_over(p, max(q, r, key=lambda x: getattr(x, field) or 0), field)
+                      for p, q, r in zip(ph, d, ll, strict=True)]  # fmt: skip
             if better[0] is not None and np.median(better) < 0.99:
                 names.append(f"{' '.join(map(str, key[:3]))} {key[3]:.0%} {key[4]} {key[5]} ({np.median(better):.3f})")
         if key[5] == "eb" and key[3] == 0.8:
