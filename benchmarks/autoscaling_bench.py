@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import sys
 import time
 from pathlib import Path
 
-from benchmarks.outputs import SUMMARY_DIR, spread, write_summary
+from benchmarks.outputs import SUMMARY_DIR, command_line, spread, write_summary
 from ebplus.controller.config import ControllerConfig, PlannerConfig, SloConfig
 from ebplus.controller.cost_model import resolve_profile
 from ebplus.deploy.routing import make_router
@@ -149,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         for profile, trace, seed in itertools.product(args.profiles, args.traces, args.seeds)
         for row in run(args, profile, trace, seed, capacity[profile])
     ]
-    command = "python -m benchmarks.autoscaling_bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = markdown(rows, args, command.strip(), time.perf_counter() - started, capacity)
+    lines = markdown(rows, args, command_line("benchmarks.autoscaling_bench", argv), time.perf_counter() - started, capacity)
     write_summary(Path(args.out), "Autoscaling: policy before replicas (simulator)", lines, rows, "autoscaling_bench")
     print("\n".join(lines))
     return 0

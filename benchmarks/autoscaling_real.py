@@ -33,7 +33,6 @@ import contextlib
 import itertools
 import random
 import secrets
-import sys
 import tempfile
 import threading
 import time
@@ -45,7 +44,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.e2e_bench import warm_up
-from benchmarks.outputs import SUMMARY_DIR, interleaved, spread, write_summary
+from benchmarks.outputs import SUMMARY_DIR, command_line, interleaved, spread, write_summary
 from harness import Cluster, Deployment, start_deployment, stop_deployment
 from harness.load import BackgroundLoad, Outcome, percentile
 
@@ -354,8 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ebplus-autoscaling-") as tmp:
         for round_, policy in interleaved(args.rounds, args.policies):
             rows.append(run_once(args, policy, round_, Path(tmp)))
-    command = "python -m benchmarks.autoscaling_real " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = markdown(rows, args, command.strip(), time.monotonic() - started)
+    lines = markdown(rows, args, command_line("benchmarks.autoscaling_real", argv), time.monotonic() - started)
     write_summary(
         Path(args.out), "Autoscaling on a real deployment: 1 → 2 CPU replicas", lines, rows, "autoscaling_real"
     )

@@ -35,14 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import sys
 import tempfile
 from pathlib import Path
 
 import httpx
 import yaml
 
-from benchmarks.outputs import SUMMARY_DIR, raw_path
+from benchmarks.outputs import SUMMARY_DIR, command_line, raw_path
 from benchmarks.prompts import chat_requests
 from ebplus.deploy.app import model_path
 from harness import start_deployment, stop_deployment
@@ -214,13 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    command = "python -m benchmarks.e2e_bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("benchmarks.e2e_bench", argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ebplus-e2e-") as tmp:
         for mode in args.modes.split(","):
             rows.append(run_mode(args, mode.strip(), Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
-    text = table(rows, command.strip())
+    text = table(rows, command)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     raw_path(args.out).write_text(json.dumps(rows, indent=2))

@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.outputs import raw_path
+from benchmarks.outputs import command_line, raw_path
 from benchmarks.pinned import sim_profile
 from benchmarks.prompts import chat_requests
 from ebplus.controller.config import ControllerConfig
@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     rows = summarize(runs, prompt_tokens)
     text = table(rows)
-    cmd = "python -m benchmarks.engine_bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = command_line("benchmarks.engine_bench", argv)
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

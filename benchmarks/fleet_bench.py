@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.outputs import SUMMARY_DIR, save_plot, write_summary
+from benchmarks.outputs import SUMMARY_DIR, command_line, save_plot, write_summary
 from ebplus.controller.config import ControllerConfig
 from ebplus.controller.cost_model import resolve_profile
 from ebplus.deploy.routing import ROUTERS, make_router
@@ -256,8 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fleet: {len(cells)} cells x {len(ROUTERS)} routers on {args.workers} processes", file=sys.stderr)
     runs, wall = run_cells("fleet", run_cell, cells, args.workers)
     out = Path(args.out)
-    command = "python -m benchmarks.fleet_bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = markdown(runs, command, wall)
+    lines = markdown(runs, command_line("benchmarks.fleet_bench", argv), wall)
     write_summary(out, "Fleet routing: generated results", lines, [asdict(r) for r in runs], "fleet")
     if len({r.cell.load for r in runs}) > 1:  # a plot against load
         plot(runs, out.with_name(out.stem + "-ttft.png"))

@@ -37,13 +37,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.outputs import SUMMARY_DIR, raw_path
+from benchmarks.outputs import SUMMARY_DIR, command_line, raw_path
 
 DEFAULT_SERVERS = "vllm,ray-llm,ebplus-mb,ebplus-auto,vllm-plugin"
 DEFAULT_OUT = SUMMARY_DIR / "overhead-cpu-smollm2.md"
@@ -342,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_arguments(parser)
     args = parser.parse_args(argv)
-    command = "python -m benchmarks.overhead " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("benchmarks.overhead", argv)
     try:
-        return run(args, command.strip())
+        return run(args, command)
     except ValueError as exc:
         parser.error(str(exc))
         return 2

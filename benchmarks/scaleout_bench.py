@@ -28,14 +28,13 @@ import json
 import os
 import platform
 import secrets
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import harness as rel
-from benchmarks.outputs import SUMMARY_DIR, raw_path
+from benchmarks.outputs import SUMMARY_DIR, command_line, raw_path
 from ebplus.deploy.config import load_config
 from harness import nodeloss, rollout
 from harness.multinode import MULTINODE_CONFIG, rollout_config, start_cluster
@@ -214,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_s"] = round(time.monotonic() - started)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     raw_path(args.out.with_suffix(".md")).write_text(json.dumps(results, indent=1, default=str) + "\n")
-    text = render(results, f"python -m benchmarks.scaleout_bench {' '.join(argv if argv is not None else sys.argv[1:])}".strip())
+    text = render(results, command_line("benchmarks.scaleout_bench", argv))
     args.out.with_suffix(".md").write_text(text)
     print(text)
     return 0
