@@ -33,7 +33,6 @@ def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rel.Deployment]
 
 @pytest.mark.timeout(300)
 def test_requests_are_routed_by_the_replicas_phase_boards(routed: rel.Deployment) -> None:
-    wait_boards(routed, REPLICAS)
     # The deployment's first batches of this size are slow to come (a CPU engine's first pass at a shape), and a
     # board read between two of them can be older than stale_s: warm up first, and judge the router on a
     # deployment that serves at its pace.
