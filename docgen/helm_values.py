@@ -193,7 +193,8 @@ class ServingPlane(_Values):
         description="Set on every Ray container what `ebplus serve` sets (`ebplus.deploy.serve_env.SERVE_ENV`, "
         f"copied to files/serve-env.yaml by the generator): {_serve_env_text()}. Ray Serve's throughput mode and "
         "slower control and metrics loops halve the serving plane's CPU per output token "
-        "(docs/benchmarks/overhead.md); HAProxy stays off (a client's abort would not reach the engine); Ray's node "
+        "(docs/benchmarks/overhead.md); Serve's proxy calls the ingress over gRPC, whose stream reset carries a "
+        "client's disconnect on; HAProxy stays off (a client's abort would not reach the engine); Ray's node "
         "health checks (the chart's only: the cluster `ebplus serve` starts has one node) declare a lost worker dead in about 5 s (20 s if it went silent) instead of 15 s (65 s), so "
         "requests held by an ingress or replica there end sooner (docs/scaling.md#when-a-node-is-lost). A "
         "variable in head.env or a group's env wins; false: Ray's and Ray Serve's defaults.",

@@ -141,3 +141,22 @@ def test_haproxy_socket_paths_stay_within_what_haproxy_accepts() -> None:
             assert len(f"{directory}/{'0' * serve_env.NODE_ID_CHARS}/{name}") <= serve_env.HAPROXY_SOCKET_PATH_MAX
     finally:
         serve_env.cleanup(env)
+
+
+def test_the_proxy_reaches_the_ingress_over_grpc_only_when_told() -> None:
+    """Throughput mode alone leaves Serve's proxy on Ray actor calls (Ray reads the proxy's setting before that
+    mode sets its gRPC default); with SERVE_ENV the proxy uses gRPC, whose stream reset carries a client's
+    disconnect to the ingress replica (deploy/serve_env.py)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = "from ray.serve._private import constants as c; print(c.RAY_SERVE_USE_GRPC_BY_DEFAULT, c.RAY_SERVE_PROXY_USE_GRPC)"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
+
+    def read(env: dict[str, str]) -> list[str]:
+        return subprocess.run([sys.executable, "-c", probe], env={**base, **env}, capture_output=True, text=True,
+                              check=True, timeout=120).stdout.split()  # fmt: skip
+
+    assert read({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}) == ["True", "False"]
+    assert read(serve_env.SERVE_ENV) == ["True", "True"]
