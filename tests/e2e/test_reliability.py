@@ -92,18 +92,42 @@ def test_only_loopback_serves_the_api_and_no_haproxy_runs(faults: rel.Deployment
 @pytest.mark.timeout(300)
 def test_clients_that_leave_leave_no_engine_work_behind(faults: rel.Deployment, cluster: rel.Cluster) -> None:
     """Clients that give up (non-streamed and streamed) leave nothing generated for nobody: every sequence the
-    engines took for them is reported aborted, none finished, and the engines are done within settle_s."""
-    out = rel.scenario_abandoned(faults, cluster, replicas=faults.config.replicas.num_replicas)
-    show("abandoned", out)
-    # an answer a client waits for takes well past the moment these clients leave, so every one of their
-    # sequences was unfinished when they left
+    engines took for them is reported aborted, none finished, and the engines are done within settle_s.
+
+    Judged on a run where every client left before the answer could be done (``on_time``). With the
+    engines on both cores, this process's client threads sometimes left seconds late (CI: all four
+    "left before the answer" and two answers generated in full); such a run is repeated, up to
+    ``ABANDON_ATTEMPTS`` times, unless nothing was left behind even so. The totals say which kind of
+    request was left running (a stream asks for one sequence fewer): with Serve's proxy on Ray actor
+    calls it was now and then a stream whose client had left on time (deploy/serve_env.py)."""
+    tries = []
+    for _ in range(ABANDON_ATTEMPTS):
+        out = rel.scenario_abandoned(faults, cluster, replicas=faults.config.replicas.num_replicas)
+        show("abandoned", out)
+        tries.append(out)
+        assert out["aborted"] > 0, out  # the load reached the engines
+        assert out["finished_for_nobody_by_kind"] is not None, out  # whole requests, as sent
+        if out["on_time"] or _left_behind(out) == (0, 0):
+            break
+    else:
+        pytest.skip(f"the clients could not leave before the answer in {ABANDON_ATTEMPTS} runs: {tries}")
+    # an answer a client waits for takes well past the moment these clients meant to leave
     assert out["full_answer_s"] and out["full_answer_s"] > 2 * out["leave_after_s"], out
-    assert out["aborted"] > 0, out  # the load reached the engines
-    # a client answered in full before it left was not left: its sequences finished for it (CI saw one once,
-    # its status unrecorded); any other answer (an error) must not leave its sequences running
-    answered = sum(o.startswith("answered 200 ") for o in out["outcomes"])
-    assert out["finished_for_nobody"] == answered * out["sequences_sent"] // out["clients"], out
+    assert _left_behind(out) == (0, 0), out
     assert out["seconds_until_no_work"] <= out["settle_s"], out
+
+
+#: Runs of the abandoned-clients scenario before the test gives up on one where the clients left on time.
+ABANDON_ATTEMPTS = 3
+
+
+def _left_behind(out: dict) -> tuple[int, int]:
+    """Sequences generated in full for a client that was gone: (non-streamed, streamed). A client answered
+    in full before it left was not left: its sequences finished for it (CI saw one once, its status
+    unrecorded); any other answer (an error) must not leave its sequences running."""
+    answered = sum(o.startswith("answered 200 ") for o in out["outcomes"])
+    kinds = out["finished_for_nobody_by_kind"]
+    return kinds["non-streamed"] - answered * out["sequences_per_request"], kinds["streamed"]
 
 
 @pytest.mark.timeout(300)

@@ -308,26 +308,39 @@ def scenario_abandoned(
     The evidence is what each engine reports when it frees a request (the controller's counters,
     pushed every ``telemetry_interval_s``): a sequence generated in full for nobody is counted
     freed but not aborted (``finished_for_nobody``); one Serve cancelled before the engine took it
-    is counted by neither (it cost the engine nothing). Each request asks for ``n``
-    sequences of 480 tokens, and its client leaves ``leave_after_s`` after sending it (a stream: after
-    its first line), well before the answer can be done (``full_answer_s``, the control, says how
-    long it takes), so every sequence of it must be aborted. (A reading of the engines' running count at one instant
-    missed a stream that was being answered: it is kept as the secondary figure.)
+    is counted by neither (it cost the engine nothing). Each request asks for ``n`` sequences of
+    480 tokens (a stream ``n - 1``, so the totals say which kind was left running:
+    ``finished_for_nobody_by_kind``), and its client leaves ``leave_after_s`` after sending it (a
+    stream: after its first line), well before the answer can be done (``full_answer_s``, the
+    control, says how long it takes), so every sequence of it must be aborted. (A reading of the
+    engines' running count at one instant missed a stream that was being answered: it is kept as
+    the secondary figure.)
 
     Without cancellation a non-streamed answer is generated in full for nobody (nothing is
     written until it is done, so nothing notices the client left).
+
+    Each client's departure is measured (``left_s``: from just before it sent its request to its
+    connection closed), and ``on_time`` says whether every one left before ``full_answer_s``. On the
+    2-core machine the engines take both cores and the clients (threads of this process) left
+    0.85-6.0 s after sending (16 runs), not ``leave_after_s``; a client that leaves after its answer
+    could be done may find it done, and such a run says nothing about cancellation.
     """
     import threading
 
     body = {"model": dep.model, "prompt": "tell me everything", "n": n, "max_tokens": 480, "ignore_eos": True}
 
-    def give_up(stream: bool) -> str:
+    def give_up(stream: bool) -> tuple[str, float]:
+        sent = time.monotonic()
+        outcome = leave(stream)
+        return outcome, round(time.monotonic() - sent, 2)
+
+    def leave(stream: bool) -> str:
         try:
             with httpx.Client(base_url=dep.base_url, timeout=leave_after_s, headers=dep.api_headers) as client:
                 if not stream:
                     answer = client.post("/v1/completions", json={**body, "stream": False})
                     return f"answered {answer.status_code} before the client left: {answer.text[:300]}"
-                with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                with client.stream("POST", "/v1/completions", json={**body, "n": n - 1, "stream": True}) as r:
                     for _ in r.iter_lines():
                         time.sleep(leave_after_s)  # read one line, then go away
                         break
@@ -342,7 +355,7 @@ def scenario_abandoned(
     full_answer_s = round(time.monotonic() - started, 2) if full.status_code == 200 else None
     # the control's own n completions in first (counted, not guessed from a quiet spell)
     before, _ = _quiet_totals(dep, 1.5, 30, completions_at_least=zero["completions"] + n)
-    outcomes: list[str] = []
+    outcomes: list[tuple[str, float]] = []
     threads = [
         threading.Thread(target=lambda s=stream: outcomes.append(give_up(s)))
         for stream in [False] * clients + [True] * clients
@@ -358,18 +371,33 @@ def scenario_abandoned(
     after, last_move_s = _quiet_totals(dep, 2.0, settle_s + 30)
     freed = after["completions"] - before["completions"]
     aborted = after["aborted"] - before["aborted"]
+    left_s = sorted(left for _, left in outcomes)
     return {
         "clients": len(threads),
-        "outcomes": sorted(outcomes),
+        "outcomes": sorted(outcome for outcome, _ in outcomes),
         "full_answer_s": full_answer_s,
-        "sequences_sent": n * len(threads),
+        "left_s": left_s,
+        "on_time": full_answer_s is not None and max(left_s) < full_answer_s,
+        "sequences_per_request": n,
+        "sequences_sent": (2 * n - 1) * clients,
         "aborted": aborted,
         "finished_for_nobody": freed - aborted,
+        "finished_for_nobody_by_kind": _by_kind(freed - aborted, n, clients),
         "seconds_until_no_work": round(last_move_s, 2),
         "running_before_they_left": running_before,
         "leave_after_s": leave_after_s,
         "settle_s": settle_s,
     }
+
+
+def _by_kind(sequences: float, n: int, clients: int) -> dict[str, int] | None:
+    """Sequences finished for nobody split into non-streamed requests (``n`` each) and streams (``n - 1`` each):
+    the one split of ``sequences`` with at most ``clients`` requests of each kind (``None``: no such split)."""
+    for whole in range(clients + 1):
+        for streams in range(clients + 1):
+            if whole * n + streams * (n - 1) == sequences:
+                return {"non-streamed": whole * n, "streamed": streams * (n - 1)}
+    return None
 
 
 def is_loopback(address: str) -> bool:
