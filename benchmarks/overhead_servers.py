@@ -277,6 +277,19 @@ SERVERS: dict[str, ServerSpec] = {
             "ebplus serve, mode mb, Ray Serve's proxy in front (RAY_SERVE_ENABLE_HA_PROXY=0)",
             ebplus_starter("mb", {"RAY_SERVE_ENABLE_HA_PROXY": "0"}, "-no-haproxy"),
         ),
+        # (c) with Serve's proxy calling the ingress replica over gRPC (the default) and over Ray actor calls
+        ServerSpec(
+            "ebplus-mb-proxy-grpc",
+            "cg",
+            "ebplus serve, mode mb, proxy to ingress over gRPC (RAY_SERVE_PROXY_USE_GRPC=1)",
+            ebplus_starter("mb", {"RAY_SERVE_PROXY_USE_GRPC": "1"}, "-proxy-grpc"),
+        ),
+        ServerSpec(
+            "ebplus-mb-proxy-actor",
+            "ca",
+            "ebplus serve, mode mb, proxy to ingress by Ray actor calls (RAY_SERVE_PROXY_USE_GRPC=0)",
+            ebplus_starter("mb", {"RAY_SERVE_PROXY_USE_GRPC": "0"}, "-proxy-actor"),
+        ),
     )
 }
 

@@ -24,7 +24,7 @@ def test_engine_flags_are_the_configs_engine_arguments() -> None:
 
 
 def test_every_server_has_a_letter_and_rounds_rotate() -> None:
-    assert [s.letter for s in SERVERS.values()] == ["a", "b", "c", "d", "e", "c+", "c-"]
+    assert [s.letter for s in SERVERS.values()] == ["a", "b", "c", "d", "e", "c+", "c-", "cg", "ca"]
     servers = list(SERVERS)
     orders = [overhead.rotated(servers, r) for r in range(len(servers))]
     assert [o[0] for o in orders] == servers  # each server leads one round
