@@ -20,11 +20,13 @@ def test_a_cell_runs_every_router_on_the_same_requests_and_the_page_reports_them
     assert fleet_bench.grid(fleet_bench.parse(["--replicas", "3", "--requests-per-replica", "150"]))[0].per_replica == 150
     assert all(r.tok_per_s > 0 and r.loaded_tok_per_s and r.ttft_p99_s >= r.ttft_p50_s for r in runs)
     assert all(r.ttft_p99_warm_s is not None and r.ttft_p99_warm_s > 0 for r in runs)
+    assert all(r.cold_share is not None and 0 < r.cold_share < 1 for r in runs)  # the first plan came mid-run
     lines = fleet_bench.markdown(runs, "python -m benchmarks.fleet_bench --test", 1.0)
     row = next(line for line in lines if line.startswith("| h200 | paper | 3 | 80% | poisson | eb |"))
     cells = [c.strip() for c in row.split("|")[1:-1]]
-    assert len(cells) == 16
+    assert len(cells) == 17
     assert cells[15] == f"{phase_warm_ratio(runs):.2f}"
+    assert cells[16] == f"{runs[2].cold_share:.1%}"
     phase, default = runs[2], runs[0]
     assert cells[12:14] == [f"{phase.tok_per_s / default.tok_per_s:.3f}",
                             f"{phase.loaded_tok_per_s / default.loaded_tok_per_s:.3f}"]  # fmt: skip
@@ -41,10 +43,13 @@ def phase_warm_ratio(runs: list[fleet_bench.Run]) -> float:
     return phase.ttft_p99_warm_s / default.ttft_p99_warm_s
 
 
-def test_the_warm_p99_leaves_out_the_first_arrivals() -> None:
+def test_the_warm_p99_leaves_out_the_arrivals_before_the_first_plan() -> None:
     result = SimpleNamespace(arrival_s=np.arange(100.0)[::-1], first_token_s=np.arange(100.0)[::-1] + 0.01)
-    result.first_token_s[90:] += 5.0  # the ten that arrived first waited 5 s more
-    assert fleet_bench.warm_ttft_p99(result) == pytest.approx(0.01)  # type: ignore[arg-type]
+    result.first_token_s[90:] += 5.0  # the ten that arrived first (before 9.5 s) waited 5 s more
+    assert fleet_bench.warm_ttft_p99(result, 9.5) == (pytest.approx(0.01), pytest.approx(0.1))  # type: ignore[arg-type]
+    assert fleet_bench.warm_ttft_p99(result, 0.5)[0] == pytest.approx(5.01)  # type: ignore[arg-type]
+    assert fleet_bench.warm_ttft_p99(result, None) == (None, None)  # type: ignore[arg-type]  # no plan made
+    assert fleet_bench.warm_ttft_p99(result, 100.0) == (None, None)  # type: ignore[arg-type]  # none after it
 
 
 def test_the_page_names_each_cell_short_of_the_better_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
