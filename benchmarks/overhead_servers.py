@@ -256,6 +256,12 @@ def ebplus_starter(mode: str, env: dict[str, str] | None = None, tag: str = "") 
     return start
 
 
+def _mb_variant(key: str, letter: str, what: str, var: str, value: str) -> ServerSpec:
+    """(c) with one of Ray Serve's settings given: ``what`` it does, ``var=value`` (not in the default list)."""
+    return ServerSpec(key, letter, f"ebplus serve, mode mb, {what} ({var}={value})",
+                      ebplus_starter("mb", {var: value}, key.removeprefix("ebplus-mb")))  # fmt: skip
+
+
 SERVERS: dict[str, ServerSpec] = {
     spec.key: spec
     for spec in (
@@ -265,30 +271,12 @@ SERVERS: dict[str, ServerSpec] = {
         ServerSpec("ebplus-auto", "d", "ebplus serve, mode auto", ebplus_starter("auto")),
         ServerSpec("vllm-plugin", "e", "vLLM OpenAI server + EB+ plugin, mode mb", start_vllm_plugin, plugin_missing),
         # (c) with HAProxy in front and without: what RAY_SERVE_ENABLE_HA_PROXY costs (not in the default list)
-        ServerSpec(
-            "ebplus-mb-haproxy",
-            "c+",
-            "ebplus serve, mode mb, HAProxy in front (RAY_SERVE_ENABLE_HA_PROXY=1)",
-            ebplus_starter("mb", {"RAY_SERVE_ENABLE_HA_PROXY": "1"}, "-haproxy"),
-        ),
-        ServerSpec(
-            "ebplus-mb-no-haproxy",
-            "c-",
-            "ebplus serve, mode mb, Ray Serve's proxy in front (RAY_SERVE_ENABLE_HA_PROXY=0)",
-            ebplus_starter("mb", {"RAY_SERVE_ENABLE_HA_PROXY": "0"}, "-no-haproxy"),
-        ),
+        _mb_variant("ebplus-mb-haproxy", "c+", "HAProxy in front", "RAY_SERVE_ENABLE_HA_PROXY", "1"),
+        _mb_variant("ebplus-mb-no-haproxy", "c-", "Ray Serve's proxy in front", "RAY_SERVE_ENABLE_HA_PROXY", "0"),
         # (c) with Serve's proxy calling the ingress replica over gRPC (the default) and over Ray actor calls
-        ServerSpec(
-            "ebplus-mb-proxy-grpc",
-            "cg",
-            "ebplus serve, mode mb, proxy to ingress over gRPC (RAY_SERVE_PROXY_USE_GRPC=1)",
-            ebplus_starter("mb", {"RAY_SERVE_PROXY_USE_GRPC": "1"}, "-proxy-grpc"),
-        ),
-        ServerSpec(
-            "ebplus-mb-proxy-actor",
-            "ca",
-            "ebplus serve, mode mb, proxy to ingress by Ray actor calls (RAY_SERVE_PROXY_USE_GRPC=0)",
-            ebplus_starter("mb", {"RAY_SERVE_PROXY_USE_GRPC": "0"}, "-proxy-actor"),
+        _mb_variant("ebplus-mb-proxy-grpc", "cg", "proxy to ingress over gRPC", "RAY_SERVE_PROXY_USE_GRPC", "1"),
+        _mb_variant(
+            "ebplus-mb-proxy-actor", "ca", "proxy to ingress by Ray actor calls", "RAY_SERVE_PROXY_USE_GRPC", "0"
         ),
     )
 }
