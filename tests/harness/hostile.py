@@ -392,7 +392,8 @@ def scenario_abandoned(
 
 def _by_kind(sequences: float, n: int, clients: int) -> dict[str, int] | None:
     """Sequences finished for nobody split into non-streamed requests (``n`` each) and streams (``n - 1`` each):
-    the one split of ``sequences`` with at most ``clients`` requests of each kind (``None``: no such split)."""
+    the split of ``sequences`` with at most ``clients`` requests of each kind, one only while ``clients`` < ``n - 1``
+    (``None``: no such split)."""
     for whole in range(clients + 1):
         for streams in range(clients + 1):
             if whole * n + streams * (n - 1) == sequences:
