@@ -15,9 +15,10 @@ throughput within 1 %, in the EB cells at 80 % load; in no cell worse than the b
 by more than 1 % in TTFT p99 or throughput. Throughput is reported two ways: ``tok_per_s``, the
 issue's key, tokens over first arrival to last completion, which also measures how the finite run
 drains; and ``loaded_tok_per_s`` (:meth:`SimResult.loaded_tok_per_s
-<ebplus.simulator.result.SimResult.loaded_tok_per_s>`), the work done while requests still arrive. TTFT p99 is also reported without the cold start
-(``warm p99``: the requests that arrived after the controller's first plan, :func:`warm_ttft_p99`),
-with the share of the arrivals before it (``cold arrivals``).
+<ebplus.simulator.result.SimResult.loaded_tok_per_s>`), the work done while requests still arrive.
+TTFT p99 is also reported without the cold start (``warm p99``: the requests that arrived after the
+controller's first plan, :func:`warm_ttft_p99`), with the share of the arrivals before it (``cold
+arrivals``).
 """
 
 from __future__ import annotations
@@ -187,9 +188,9 @@ def markdown(runs: list[Run], command: str, wall_s: float) -> list[str]:
             f"| {key[0]} | {key[1]} | {key[2]} | {key[3]:.0%} | {key[4]} | {key[5]} | "
             f"{_med([r.ttft_p99_s for r in d])} | {_med([r.ttft_p99_s for r in ll])} | {_med([r.ttft_p99_s for r in ph])} "
             f"| {np.median(p99):.2f} | {_med([r.ttft_p50_s for r in d])} | {_med([r.ttft_p50_s for r in ph])} "
-            f"| {np.median(tps):.3f} | {_median_or_dash(loaded)} | {f'{np.median(windows):.0%}' if windows else '–'} "
-            f"| {_median_or_dash([_over(p, q, 'ttft_p99_warm_s') for p, q in zip(ph, d, strict=True)], 2)} "
-            f"| {_share([r.cold_share for r in ph])} |"
+            f"| {np.median(tps):.3f} | {_median_or_dash(loaded, '.3f')} | {f'{np.median(windows):.0%}' if windows else '–'} "
+            f"| {_median_or_dash([_over(p, q, 'ttft_p99_warm_s') for p, q in zip(ph, d, strict=True)], '.2f')} "
+            f"| {_median_or_dash([r.cold_share for r in ph], '.1%')} |"
         )
         for field, names in short.items():  # the phase router against the better baseline, per seed, then the median
             better = [_over(p, max(q, r, key=lambda x: getattr(x, field) or 0), field)
@@ -214,12 +215,8 @@ def _over(run: Run, base: Run, field: str) -> float | None:
     return None if mine is None or not theirs else mine / theirs
 
 
-def _share(values: list[float | None]) -> str:
-    return "–" if any(v is None for v in values) else f"{np.median(values):.1%}"  # type: ignore[arg-type]
-
-
-def _median_or_dash(values: list[float | None], digits: int = 3) -> str:
-    return "–" if any(v is None for v in values) else f"{np.median(values):.{digits}f}"
+def _median_or_dash(values: list[float | None], spec: str) -> str:
+    return "–" if any(v is None for v in values) else format(float(np.median(values)), spec)  # type: ignore[arg-type]
 
 
 def plot(runs: list[Run], path: Path) -> None:
