@@ -131,3 +131,55 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
     # the dashboards ship as what Grafana imports; their generator stays in the checkout (docgen)
     assert {"ebplus/dashboards/ebplus-control-plane.json", "ebplus/dashboards/ebplus-serving.json"} <= set(names)
     assert not [n for n in names if n.startswith("ebplus/dashboards/") and n.endswith(".py") and "__init__" not in n]
+
+
+#: The fault-injection harness's signals and node removal (tests/harness): never in an installed file.
+FAULT_NAMES = {"SIGSTOP", "SIGCONT", "remove_node", "kill_node"}
+#: Calls that end an actor or a process.
+ENDINGS = ("ray.kill", "os.kill", "os.killpg", "send_signal")
+#: The installed modules that make such a call, and why: the product's own lifecycle, never a fault.
+ALLOWED_ENDINGS = {
+    ("controller/lifecycle.py", "ray.kill"): "the controller's upgrade in place ends the old actor after its snapshot",
+    ("deploy/cli.py", "ray.kill"): "`ebplus stop` ends the phase board actor `ebplus serve` started",
+    ("deploy/serve_env.py", "os.kill"): "`ebplus serve` ends the processes left in its own session directory",
+}
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def fault_calls(root: Path, allowed: dict[tuple[str, str], str]) -> list[tuple[str, int, str]]:
+    """``(module, line, what)`` for each fault-injection name and each ending call not in ``allowed``, in the
+    ``.py`` files under ``root/ebplus``."""
+    found = []
+    for path in sorted((root / "ebplus").rglob("*.py")):
+        module = path.relative_to(root / "ebplus").as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute | ast.Name) and _dotted(node).rpartition(".")[2] in FAULT_NAMES:
+                found.append((module, node.lineno, _dotted(node)))
+            elif isinstance(node, ast.Call):
+                call = _dotted(node.func)
+                ending = next((e for e in ENDINGS if call == e or call.endswith("." + e)), None)
+                if ending is not None and (module, ending) not in allowed:
+                    found.append((module, node.lineno, ending))
+    return found
+
+
+def test_no_installed_file_injects_faults(layout: Path) -> None:
+    """The fault-injection harness (SIGSTOP, node removal, killing replicas) lives beside the product, in
+    tests/harness; the only endings installed are the product's own lifecycle's, each still made (the list
+    cannot outlive its reasons)."""
+    assert fault_calls(layout, ALLOWED_ENDINGS) == []
+    assert {(module, what) for module, _, what in fault_calls(layout, {})} == set(ALLOWED_ENDINGS)
+
+
+def test_a_fault_call_in_an_installed_file_is_found(tmp_path: Path) -> None:
+    root = installed_layout(tmp_path)
+    target = root / "ebplus" / "replicas" / "server.py"
+    target.write_text(target.read_text() + "\n\ndef _hang(pid):\n    os.kill(pid, signal.SIGSTOP)\n")
+    line = len(target.read_text().splitlines())
+    found = sorted(fault_calls(root, ALLOWED_ENDINGS))
+    assert found == [("replicas/server.py", line, "os.kill"), ("replicas/server.py", line, "signal.SIGSTOP")]
