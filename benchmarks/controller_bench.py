@@ -33,6 +33,9 @@ TARGET_INGEST = 50_000.0
 TARGET_INGEST_RATIO = 4.0
 TARGET_RECOMPUTE_MS = 100.0
 TARGET_LATENCY_RATIO = 1.5
+#: The two parts of a push's latency (:func:`benchmarks.controller_fleet.bench_latency`): until the event loop
+#: starts it, and from there to the reply.
+PARTS = {"wait": "waiting for the event loop", "handling": "handled by the actor"}
 
 
 def run_worker(python: str, args: list[str], cwd: Path | None = None) -> dict:
@@ -57,6 +60,11 @@ def metrics(result: dict) -> dict[str, float]:
         "p99_ratio": busy / idle if idle > 0 else float("inf"),
         "p50_idle_ms": lat["idle"]["median_ms"],
         "p50_during_ms": lat["during_recompute"]["median_ms"],
+        **{
+            f"p99_{part}_{window}_ms": lat[part][key]["p99_ms"]
+            for part in PARTS
+            for window, key in (("idle", "idle"), ("during", "during_recompute"))
+        },
         "recompute_in_service_ms": lat["recomputes"]["median_ms"],
     }
 
@@ -119,6 +127,11 @@ def markdown(report: dict) -> str:
         "p99_idle_ms": ("ingest p99, no recompute running, ms", 3, 1.0),
         "p50_during_ms": ("ingest p50 while a recompute runs, ms", 3, 1.0),
         "p99_during_ms": ("ingest p99 while a recompute runs, ms", 3, 1.0),
+        **{
+            f"p99_{part}_{window}_ms": (f"ingest p99 {when}: {what}, ms", 3, 1.0)
+            for window, when in (("idle", "idle"), ("during", "during a recompute"))
+            for part, what in PARTS.items()
+        },
         "recompute_in_service_ms": ("recompute in service (interleaved with pushes, persisted), ms", 1, 1.0),
     }
     for key, (label, digits, scale) in names.items():

@@ -10,7 +10,10 @@ controller up to a steady state (full step windows, an estimate, plans), then ti
   thresholds out) with the periodic re-plans the actor schedules, persistence included;
 * ``latency``: open-loop pushes (Poisson, at the rate of a busy fleet) while the harness asks
   for a fleet recompute every ``recompute_every_s``: each push's latency from its scheduled
-  arrival to its reply, split by whether a recompute was running when it arrived.
+  arrival to its reply, split by whether a recompute was running when it arrived, and in two
+  parts: the *wait*, from the arrival until the event loop starts the push (the loop's thread
+  waking and taking the interpreter lock: what a worker thread's re-plan can delay), and the
+  *handling*, from there to the reply (what the actor does with the push).
 
 The actor runs in-process on one asyncio event loop, as a Ray async actor runs its methods:
 they interleave only where one awaits, so what blocks the loop here blocks it under Ray too
@@ -327,7 +330,7 @@ async def _latency(
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.05
     spans: list[tuple[float, float]] = []  # (start, end) of each recompute, loop time
-    lat: list[tuple[float, float]] = []  # (arrival, latency)
+    lat: list[tuple[float, float, float]] = []  # (arrival, latency, wait until the push started)
     stop = False
 
     async def recomputer() -> None:
@@ -340,8 +343,9 @@ async def _latency(
             spans.append((start, loop.time()))
 
     async def push(at: float, payload: bytes) -> None:
+        started = loop.time()
         await actor.ingest(payload)
-        lat.append((at, loop.time() - at))
+        lat.append((at, loop.time() - at, started - at))
 
     rec = asyncio.ensure_future(recomputer())
     tasks = []
@@ -358,14 +362,13 @@ async def _latency(
     def during(at: float) -> bool:
         return any(s <= at <= e for s, e in spans)
 
-    busy = [x for at, x in lat if during(at)]
-    idle = [x for at, x in lat if not during(at)]
-    recomputes = [e - s for s, e in spans]
+    windows = {"idle": [x for x in lat if not during(x[0])], "during_recompute": [x for x in lat if during(x[0])]}
     return {
         "rate_per_s": rate,
-        "idle": _percentiles(idle),
-        "during_recompute": _percentiles(busy),
-        "recomputes": _percentiles(recomputes),
+        **{name: _percentiles([total for _, total, _ in pushes]) for name, pushes in windows.items()},
+        "wait": {name: _percentiles([wait for _, _, wait in pushes]) for name, pushes in windows.items()},
+        "handling": {name: _percentiles([t - w for _, t, w in pushes]) for name, pushes in windows.items()},
+        "recomputes": _percentiles([e - s for s, e in spans]),
     }
 
 

@@ -1,0 +1,51 @@
+"""The controller benchmark's latency split (a push's wait for the event loop, then its handling) and its table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks import controller_bench, controller_fleet
+from benchmarks.controller_fleet import FleetShape, bench_latency, warm_fleet
+
+
+def test_a_pushs_latency_is_split_into_its_wait_for_the_loop_and_its_handling() -> None:
+    shape = FleetShape(replicas=4, completions=8, steps=8, running=8, concurrency=16, warm_steps=64)
+    fleet, telemetry = warm_fleet(shape, seed=0)
+    out = bench_latency(fleet, telemetry, seconds=1.0, rate=100.0, recompute_every_s=0.2)
+    assert out["recomputes"]["n"] >= 1
+    for window in ("idle", "during_recompute"):
+        total, wait, handling = out[window], out["wait"][window], out["handling"][window]
+        if total["n"] == 0:
+            continue
+        assert wait["n"] == handling["n"] == total["n"]
+        # each part of a push is at most its whole, so the slowest part is at most the slowest whole
+        assert 0 <= wait["max_ms"] <= total["max_ms"] and 0 <= handling["max_ms"] <= total["max_ms"]
+    assert out["idle"]["n"] + out["during_recompute"]["n"] == 100
+
+
+def _round(scale: float) -> dict:
+    pct = {"n": 100, "median_ms": 1.0 * scale, "p99_ms": 2.0 * scale, "max_ms": 3.0 * scale}
+    parts = {"idle": pct, "during_recompute": {**pct, "p99_ms": 3.0 * scale}}
+    return {
+        "ingest": {"completions_per_s": 100_000.0, "updates_per_s": 2.0},
+        "recompute": {"median_ms": 50.0},
+        "update": {"median_ms": 0.8},
+        "latency": {**parts, "wait": parts, "handling": parts, "recomputes": {"median_ms": 70.0}},
+    }
+
+
+def test_the_table_shows_each_part_of_the_p99_in_each_window() -> None:
+    rounds = [controller_bench.metrics(_round(scale)) for scale in (1.0, 2.0, 1.5)]
+    summary = controller_bench.summarize(rounds)
+    assert summary["p99_wait_during_ms"] == {"median": 4.5, "min": 3.0, "max": 6.0}
+    table = controller_bench.markdown({"replicas": 4, "runs": 3, "seconds": 1.0, "current": {"summary": summary}})
+    assert "| ingest p99 idle: waiting for the event loop, ms | 3.000 (2.000–4.000) | – |" in table
+    assert "| ingest p99 during a recompute: handled by the actor, ms | 4.500 (3.000–6.000) | – |" in table
+    assert "| ingest p99 during a recompute ≤ 1.5× idle p99 | 1.50 (1.50–1.50)× | – | yes |" in table
+
+
+def test_the_worker_file_runs_by_path_under_a_baseline_interpreter() -> None:
+    """``controller_bench`` runs the worker by path: it must not import the checkout's benchmark package."""
+    source = controller_bench.WORKER.read_text()
+    assert Path(controller_fleet.__file__) == controller_bench.WORKER
+    assert "from benchmarks" not in source and "import benchmarks" not in source
