@@ -11,7 +11,7 @@ checkout (see the benchmark page for how the baseline was set up) - in rotated o
 machine in the same session. Figures are medians over the runs, with min-max.
 
 Targets (256 replicas): a fleet recompute < 100 ms; ingest p99 while a recompute runs <= 1.5x the
-idle p99 (issue 26); ingestion >= 50,000 completions/s, and >= 4x a baseline from before the
+idle p99 in every run (issue 26); ingestion >= 50,000 completions/s, and >= 4x a baseline from before the
 fleet-scale work (issue 16).
 """
 
@@ -98,9 +98,9 @@ def targets(cur: dict, base: dict | None) -> list[tuple[str, str, str, bool]]:
     rec = cur["recompute_ms"]
     rows.append((f"fleet recompute < {TARGET_RECOMPUTE_MS:g} ms", _fmt(rec) + " ms",
                  _fmt(base["recompute_ms"]) + " ms" if base else "–", rec["median"] < TARGET_RECOMPUTE_MS))  # fmt: skip
-    lat = cur["p99_ratio"]
-    rows.append((f"ingest p99 during a recompute ≤ {TARGET_LATENCY_RATIO:g}× idle p99", _fmt(lat, 2) + "×",
-                 _fmt(base["p99_ratio"], 1) + "×" if base else "–", lat["median"] <= TARGET_LATENCY_RATIO))  # fmt: skip
+    lat = cur["p99_ratio"]  # a bound that has to hold on any machine of this kind: met only if it held in every run
+    rows.append((f"ingest p99 during a recompute ≤ {TARGET_LATENCY_RATIO:g}× idle p99, in every run", _fmt(lat, 2) + "×",
+                 _fmt(base["p99_ratio"], 1) + "×" if base else "–", lat["max"] <= TARGET_LATENCY_RATIO))  # fmt: skip
     return rows
 
 
