@@ -18,7 +18,8 @@ drains; and ``loaded_tok_per_s`` (:meth:`SimResult.loaded_tok_per_s
 <ebplus.simulator.result.SimResult.loaded_tok_per_s>`), the work done while requests still arrive.
 TTFT p99 is also reported without the cold start (``warm p99``: the requests that arrived after the
 controller's first plan, :func:`warm_ttft_p99`), with the share of the arrivals before it (``cold
-arrivals``).
+arrivals``). ``--theta-cold`` runs the controller with another cold threshold (``planner.theta_cold``,
+the replicas' k = theta_cold x N until that first plan), to measure what the cold start costs.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from benchmarks.outputs import SUMMARY_DIR, command_line, save_plot, write_summary
-from ebplus.controller.config import ControllerConfig
+from ebplus.arguments import positive_float
+from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_model import resolve_profile
 from ebplus.deploy.routing import ROUTERS, make_router
 from ebplus.simulator.fleet import FleetSimulator
@@ -72,6 +75,7 @@ class Cell:
     stagger: str = "off"
     tie_steps: float = 1.0  # the phase router's tie, in decode steps
     per_replica: int = REQUESTS_PER_REPLICA  # requests per replica (the run's length)
+    theta_cold: float | None = None  # the controller's planner.theta_cold (None: its default)
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,9 @@ def run_cell(cell: Cell) -> list[Run]:
         reqs = build_requests(load_source(cell.workload), seed=cell.seed, requests=cell.per_replica * cell.replicas,
                               rate=rate, burst_cv=ARRIVALS[cell.arrivals])  # fmt: skip
         started = time.perf_counter()
-        config = SimConfig(policy=Policy(cell.policy), controller=ControllerConfig(stagger=cell.stagger,
-                                                                                   history=HISTORY))  # fmt: skip
+        planner = PlannerConfig() if cell.theta_cold is None else PlannerConfig(theta_cold=cell.theta_cold)
+        controller = ControllerConfig(stagger=cell.stagger, history=HISTORY, planner=planner)
+        config = SimConfig(policy=Policy(cell.policy), controller=controller)
         router = make_router(name, cell.seed, stale_s=math.inf, tie_steps=cell.tie_steps)
         fleet = FleetSimulator([resolve_profile(cell.profile)], reqs, config, cell.replicas, router)
         result = fleet.run()
@@ -146,13 +151,12 @@ def run_cells(label: str, run: Callable[[Cell], list], cells: Sequence[Cell], wo
 
 def grid(args: argparse.Namespace) -> list[Cell]:
     if args.quick:
-        return [
-            Cell("h200", "paper", 16, load, "poisson", "eb", 3, args.stagger, args.phase_tie_steps, args.per_replica)
-            for load in LOADS
-        ]
+        quick = ("h200", "paper", 16)
+        return [Cell(*quick, load, "poisson", "eb", 3, args.stagger, args.phase_tie_steps, args.per_replica,
+                     args.theta_cold) for load in LOADS]  # fmt: skip
     axes = (args.profiles, args.workloads, args.replicas, args.loads, args.arrivals, args.policies, args.seeds)
-    return [Cell(*c, stagger=args.stagger, tie_steps=args.phase_tie_steps, per_replica=args.per_replica)
-            for c in itertools.product(*axes)]  # fmt: skip
+    return [Cell(*c, stagger=args.stagger, tie_steps=args.phase_tie_steps, per_replica=args.per_replica,
+                 theta_cold=args.theta_cold) for c in itertools.product(*axes)]  # fmt: skip
 
 
 def _med(values: list[float]) -> str:
@@ -266,7 +270,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stagger", choices=("off", "on"), default="off",
                         help="the controller's staggered windows (default off: the routers alone; "
                         "benchmarks.stagger_bench measures the stagger)")  # fmt: skip
+    parser.add_argument("--theta-cold", type=_theta_cold, metavar="THETA",
+                        help=f"the controller's cold threshold, planner.theta_cold: the replicas' k = THETA x N "
+                        f"until its first plan (default {PlannerConfig().theta_cold:g}, the controller's)")  # fmt: skip
     return parser.parse_args(argv)
+
+
+def _theta_cold(text: str) -> float:
+    """A cold threshold the controller's own config accepts (its rule, not a copy of it)."""
+    value = positive_float(text)
+    try:
+        PlannerConfig(theta_cold=value)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(f"planner.theta_cold: {exc.errors()[0]['msg']}") from None
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -66,3 +67,17 @@ def test_the_page_names_each_cell_short_of_the_better_baseline(monkeypatch: pyte
                              "baseline's: 0.") for line in lines)  # fmt: skip
     old = [run("default", 100.0, None), run("least-loaded", 101.0, None), run("phase", 99.5, None)]
     assert not any("loaded tokens/s" in line for line in fleet_bench.markdown(old, "test", 1.0))
+
+
+def test_the_cold_threshold_is_the_controllers_and_changes_what_the_fleet_runs_before_its_first_plan(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cells = fleet_bench.grid(fleet_bench.parse(["--quick", "--theta-cold", "0.03"]))
+    assert {c.theta_cold for c in cells} == {0.03}
+    assert fleet_bench.grid(fleet_bench.parse(["--quick"]))[0].theta_cold is None  # the controller's default
+    with pytest.raises(SystemExit):
+        fleet_bench.parse(["--theta-cold", "1.5"])
+    assert "planner.theta_cold: Input should be less than 1" in capsys.readouterr().err
+    cell = fleet_bench.Cell("h200", "capped-uniform", 2, 0.8, "poisson", "eb", 3, per_replica=150)
+    default, low = (fleet_bench.run_cell(c)[0] for c in (cell, replace(cell, theta_cold=0.01)))
+    assert low.ttft_p99_s != default.ttft_p99_s  # the cold start ran on another k
