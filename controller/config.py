@@ -149,7 +149,9 @@ class PlannerConfig(BaseModel):
         lt=1,
         description=(
             "theta before the first estimate. Ours is 0.10, not the authors' 0.70: for the reference "
-            "profiles theta0 is 0.02-0.15 and a high cold threshold idles most decode slots."
+            "profiles theta0 is 0.02-0.15 and a high cold threshold idles most decode slots. Replicas in EB "
+            "with a large N on a bandwidth-bound GPU start faster with a lower one, near the theta* the "
+            "planner then chooses (docs/benchmarks/fleet.md, the cold threshold)."
         ),
     )
     theta_ema: float = Field(0.3, gt=0, le=1, description="Weight of a new theta* in the moving average.")
