@@ -36,6 +36,8 @@ TARGET_LATENCY_RATIO = 1.5
 #: The two parts of a push's latency (:func:`benchmarks.controller_fleet.bench_latency`): until the event loop
 #: starts it, and from there to the reply.
 PARTS = {"wait": "waiting for the event loop", "handling": "handled by the actor"}
+#: The two windows a push may arrive in: the figures' name -> (the worker's key, how the table says it).
+WINDOWS = {"idle": ("idle", "idle"), "during": ("during_recompute", "during a recompute")}
 
 
 def run_worker(python: str, args: list[str], cwd: Path | None = None) -> dict:
@@ -63,7 +65,7 @@ def metrics(result: dict) -> dict[str, float]:
         **{
             f"p99_{part}_{window}_ms": lat[part][key]["p99_ms"]
             for part in PARTS
-            for window, key in (("idle", "idle"), ("during", "during_recompute"))
+            for window, (key, _) in WINDOWS.items()
         },
         "recompute_in_service_ms": lat["recomputes"]["median_ms"],
     }
@@ -129,7 +131,7 @@ def markdown(report: dict) -> str:
         "p99_during_ms": ("ingest p99 while a recompute runs, ms", 3, 1.0),
         **{
             f"p99_{part}_{window}_ms": (f"ingest p99 {when}: {what}, ms", 3, 1.0)
-            for window, when in (("idle", "idle"), ("during", "during a recompute"))
+            for window, (_, when) in WINDOWS.items()
             for part, what in PARTS.items()
         },
         "recompute_in_service_ms": ("recompute in service (interleaved with pushes, persisted), ms", 1, 1.0),

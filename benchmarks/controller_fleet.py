@@ -362,7 +362,9 @@ async def _latency(
     def during(at: float) -> bool:
         return any(s <= at <= e for s, e in spans)
 
-    windows = {"idle": [x for x in lat if not during(x[0])], "during_recompute": [x for x in lat if during(x[0])]}
+    windows: dict[str, list[tuple[float, float, float]]] = {"idle": [], "during_recompute": []}
+    for push in lat:
+        windows["during_recompute" if during(push[0]) else "idle"].append(push)
     return {
         "rate_per_s": rate,
         **{name: _percentiles([total for _, total, _ in pushes]) for name, pushes in windows.items()},

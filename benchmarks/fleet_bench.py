@@ -150,13 +150,13 @@ def run_cells(label: str, run: Callable[[Cell], list], cells: Sequence[Cell], wo
 
 
 def grid(args: argparse.Namespace) -> list[Cell]:
+    # what every cell of the run shares, whichever cells it has
+    shared = {"stagger": args.stagger, "tie_steps": args.phase_tie_steps, "per_replica": args.per_replica,
+              "theta_cold": args.theta_cold}  # fmt: skip
     if args.quick:
-        quick = ("h200", "paper", 16)
-        return [Cell(*quick, load, "poisson", "eb", 3, args.stagger, args.phase_tie_steps, args.per_replica,
-                     args.theta_cold) for load in LOADS]  # fmt: skip
+        return [Cell("h200", "paper", 16, load, "poisson", "eb", 3, **shared) for load in LOADS]
     axes = (args.profiles, args.workloads, args.replicas, args.loads, args.arrivals, args.policies, args.seeds)
-    return [Cell(*c, stagger=args.stagger, tie_steps=args.phase_tie_steps, per_replica=args.per_replica,
-                 theta_cold=args.theta_cold) for c in itertools.product(*axes)]  # fmt: skip
+    return [Cell(*c, **shared) for c in itertools.product(*axes)]
 
 
 def _med(values: list[float]) -> str:
