@@ -8,7 +8,9 @@ a fleet of simulated replicas up and measures it. With ``--baseline``, every run
 measures the same worker under another interpreter - one whose ``ebplus`` is an older
 checkout (see the benchmark page for how the baseline was set up) - in rotated order
 (current first on even runs, baseline first on odd ones), so both versions see the same
-machine in the same session. Figures are medians over the runs, with min-max.
+machine in the same session. Figures are medians over the runs, with min-max. The current
+version's worker also measures a control (``--lock-free``): the push latency with recomputes that
+hold no interpreter lock, what a re-plan in another process could reach at most.
 
 Targets (256 replicas): a fleet recompute < 100 ms; ingest p99 while a recompute runs <= 1.5x the
 idle p99 in every run (issue 26); ingestion >= 50,000 completions/s, and >= 4x a baseline from before the
@@ -38,6 +40,8 @@ TARGET_LATENCY_RATIO = 1.5
 PARTS = {"wait": "waiting for the event loop", "handling": "handled by the actor"}
 #: The two windows a push may arrive in: the figures' name -> (the worker's key, how the table says it).
 WINDOWS = {"idle": ("idle", "idle"), "during": ("during_recompute", "during a recompute")}
+#: The control round (``controller_fleet --lock-free``), as the table names it.
+LOCK_FREE = "a recompute as long that holds no interpreter lock"
 
 
 def run_worker(python: str, args: list[str], cwd: Path | None = None) -> dict:
@@ -48,10 +52,17 @@ def run_worker(python: str, args: list[str], cwd: Path | None = None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _ratio(latency: dict) -> float:
+    """A latency measurement's p99 during a recompute over its idle p99."""
+    idle, busy = latency["idle"]["p99_ms"], latency["during_recompute"]["p99_ms"]
+    return busy / idle if idle > 0 else float("inf")
+
+
 def metrics(result: dict) -> dict[str, float]:
     """The figures of one round that the summary compares."""
     lat = result["latency"]
     idle, busy = lat["idle"]["p99_ms"], lat["during_recompute"]["p99_ms"]
+    control = result.get("lock_free_latency")  # the current layout's, since the control exists
     return {
         "ingest_completions_per_s": result["ingest"]["completions_per_s"],
         "ingest_updates_per_s": result["ingest"]["updates_per_s"],
@@ -59,7 +70,7 @@ def metrics(result: dict) -> dict[str, float]:
         "update_ms": result["update"]["median_ms"],
         "p99_idle_ms": idle,
         "p99_during_ms": busy,
-        "p99_ratio": busy / idle if idle > 0 else float("inf"),
+        "p99_ratio": _ratio(lat),
         "p50_idle_ms": lat["idle"]["median_ms"],
         "p50_during_ms": lat["during_recompute"]["median_ms"],
         **{
@@ -68,6 +79,15 @@ def metrics(result: dict) -> dict[str, float]:
             for window, (key, _) in WINDOWS.items()
         },
         "recompute_in_service_ms": lat["recomputes"]["median_ms"],
+        **(_control(control) if control is not None else {}),
+    }
+
+
+def _control(latency: dict) -> dict[str, float]:
+    """The control round's figures (:data:`LOCK_FREE`)."""
+    return {
+        "lock_free_p99_ratio": _ratio(latency),
+        "lock_free_p99_wait_during_ms": latency["wait"]["during_recompute"]["p99_ms"],
     }
 
 
@@ -135,10 +155,14 @@ def markdown(report: dict) -> str:
             for part, what in PARTS.items()
         },
         "recompute_in_service_ms": ("recompute in service (interleaved with pushes, persisted), ms", 1, 1.0),
+        "lock_free_p99_ratio": (f"control, {LOCK_FREE}: ingest p99 during it / idle", 2, 1.0),
+        "lock_free_p99_wait_during_ms": (f"control, {LOCK_FREE}: its p99 wait for the loop, ms", 3, 1.0),
     }
     for key, (label, digits, scale) in names.items():
+        if key not in cur:  # the control: measured for the current layout only, and only since it exists
+            continue
         lines.append(
-            f"| {label} | {_fmt(cur[key], digits, scale)} | {_fmt(base[key], digits, scale) if base else '–'} |"
+            f"| {label} | {_fmt(cur[key], digits, scale)} | {_fmt(base[key], digits, scale) if base and key in base else '–'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -160,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in range(args.runs):
         order = list(versions) if run % 2 == 0 else list(reversed(versions))
         for name in order:
-            res = run_worker(versions[name], [*worker_args, "--seed", str(run)])
+            control = ["--lock-free"] if name == "current" else []  # the baseline re-plans on the loop: no round
+            res = run_worker(versions[name], [*worker_args, *control, "--seed", str(run)])
             results[name].append(res)
             m = metrics(res)
             print(f"run {run + 1}/{args.runs} {name}: {m['ingest_completions_per_s']:,.0f} completions/s, "

@@ -13,7 +13,10 @@ controller up to a steady state (full step windows, an estimate, plans), then ti
   arrival to its reply, split by whether a recompute was running when it arrived, and in two
   parts: the *wait*, from the arrival until the event loop starts the push (the loop's thread
   waking and taking the interpreter lock: what a worker thread's re-plan can delay), and the
-  *handling*, from there to the reply (what the actor does with the push).
+  *handling*, from there to the reply (what the actor does with the push);
+* ``lock_free_latency`` (``--lock-free``, the current layout only): the same, with each recompute
+  a sleep as long as the real ones took that holds no interpreter lock - a control for what
+  the round's work costs the loop by sharing the process, apart from the round's structure.
 
 The actor runs in-process on one asyncio event loop, as a Ray async actor runs its methods:
 they interleave only where one awaits, so what blocks the loop here blocks it under Ray too
@@ -28,11 +31,13 @@ baseline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -374,22 +379,55 @@ async def _latency(
     }
 
 
-def bench_latency(fc: FleetController, tel: Telemetry, seconds: float, rate: float, recompute_every_s: float) -> dict:
+def bench_latency(fc: FleetController, tel: Telemetry, seconds: float, rate: float, recompute_every_s: float,
+                  lock_free_s: float | None = None) -> dict:  # fmt: skip
     """Open-loop pushes at ``rate``/s while a fleet recompute is asked for every ``recompute_every_s``.
 
     Only the harness triggers recomputes here (periodic updates and concurrency re-plans
     off), so both versions re-plan equally often.
+
+    With ``lock_free_s``, each recompute is a wait of that long that holds no interpreter lock
+    and changes nothing (:func:`_lock_free_recomputes`): the round is held and published as
+    usual, but its work costs this process nothing.
     """
     _no_periodic_updates(fc)
     shape = tel.shape
     payloads = [encode(tel.batch(i % shape.replicas)) for i in range(int(seconds * rate))]
     actor = _actor(fc)
-    return asyncio.run(_latency(actor, payloads, rate, recompute_every_s, seed=7))
+    if lock_free_s is None:
+        return asyncio.run(_latency(actor, payloads, rate, recompute_every_s, seed=7))
+    with _lock_free_recomputes(fc, lock_free_s):
+        return asyncio.run(_latency(actor, payloads, rate, recompute_every_s, seed=7))
+
+
+@contextlib.contextmanager
+def _lock_free_recomputes(fc: FleetController, seconds: float) -> Iterator[None]:
+    """``fc.recompute`` replaced by a sleep of ``seconds``: what a push would wait if the re-plan ran in
+    another process (at no cost to this one) - the pushes held, the round published, nothing else.
+
+    The control separates the latency the round's *structure* adds (held telemetry, the round's
+    hand-over on the loop) from what sharing the interpreter lock with its work adds. Only the
+    current layout runs its re-plan through ``fc.recompute`` in a worker round, so only it is
+    measured this way.
+    """
+
+    def recompute(cause: str = "manual") -> int:
+        time.sleep(seconds)
+        return fc.version
+
+    fc.recompute = recompute  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del fc.recompute
 
 
 def measure(shape: FleetShape, seed: int, ingest_s: float, latency_s: float, rate: float, recompute_every_s: float,
-            recompute_repeats: int) -> dict:  # fmt: skip
-    """One round of every measurement on a freshly warmed fleet (persistence to a temporary directory)."""
+            recompute_repeats: int, lock_free: bool = False) -> dict:  # fmt: skip
+    """One round of every measurement on a freshly warmed fleet (persistence to a temporary directory).
+
+    With ``lock_free``, the latency is measured again with recomputes that hold no interpreter lock,
+    each as long as the real ones took in service (``lock_free_latency``)."""
     with tempfile.TemporaryDirectory(prefix="ebplus-bench-") as state_dir:
         started = time.perf_counter()
         fc, tel = warm_fleet(shape, seed, state_dir)
@@ -407,6 +445,9 @@ def measure(shape: FleetShape, seed: int, ingest_s: float, latency_s: float, rat
         }
         out["ingest"] = bench_ingest(fc, tel, ingest_s)
         out["latency"] = bench_latency(fc, tel, latency_s, rate, recompute_every_s)
+        if lock_free:
+            held_s = out["latency"]["recomputes"]["median_ms"] / 1e3
+            out["lock_free_latency"] = bench_latency(fc, tel, latency_s, rate, recompute_every_s, lock_free_s=held_s)
     return out
 
 
@@ -425,10 +466,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--recompute-every-s", type=float, default=0.3)
     parser.add_argument("--recompute-repeats", type=int, default=5)
+    control = "measure the latency again with recomputes that hold no interpreter lock (a control)"
+    parser.add_argument("--lock-free", action="store_true", help=control)
     args = parser.parse_args(argv)
     shape = FleetShape(replicas=args.replicas, running=args.running, warm_steps=args.warm_steps)
     out = measure(shape, args.seed, args.ingest_s, args.latency_s, args.rate, args.recompute_every_s,
-                  args.recompute_repeats)  # fmt: skip
+                  args.recompute_repeats, args.lock_free)  # fmt: skip
     print(json.dumps(out))
     return 0
 

@@ -23,6 +23,20 @@ def test_a_pushs_latency_is_split_into_its_wait_for_the_loop_and_its_handling() 
     assert out["idle"]["n"] + out["during_recompute"]["n"] == 100
 
 
+def test_the_lock_free_control_holds_the_rounds_but_changes_nothing_and_restores_the_recompute() -> None:
+    shape = FleetShape(replicas=4, completions=8, steps=8, running=8, concurrency=16, warm_steps=64)
+    fleet, telemetry = warm_fleet(shape, seed=0)
+    version = fleet.version
+    out = bench_latency(fleet, telemetry, seconds=1.0, rate=100.0, recompute_every_s=0.2, lock_free_s=0.05)
+    assert out["recomputes"]["n"] >= 1
+    assert out["recomputes"]["median_ms"] >= 50.0  # the rounds lasted the sleep they were given
+    assert fleet.version == version  # no re-plan ran: nothing was published
+    assert out["idle"]["n"] + out["during_recompute"]["n"] == 100
+    assert "recompute" not in vars(fleet)  # the fleet's own recompute is back
+    fleet.recompute("after")
+    assert fleet.version == version + 1
+
+
 def _round(scale: float) -> dict:
     pct = {"n": 100, "median_ms": 1.0 * scale, "p99_ms": 2.0 * scale, "max_ms": 3.0 * scale}
     parts = {"idle": pct, "during_recompute": {**pct, "p99_ms": 3.0 * scale}}
@@ -47,6 +61,23 @@ def test_the_table_shows_each_part_of_the_p99_in_each_window() -> None:
         {"replicas": 4, "runs": 3, "seconds": 1.0, "current": {"summary": controller_bench.summarize(rounds)}}
     )
     assert "| ingest p99 during a recompute ≤ 1.5× idle p99, in every run | 1.50 (1.50–1.60)× | – | **no** |" in table
+
+
+def test_the_control_is_shown_for_the_code_that_measured_it_only() -> None:
+    current = {**_round(1.0), "lock_free_latency": _round(2.0)["latency"]}
+    report = {
+        "replicas": 4,
+        "runs": 1,
+        "seconds": 1.0,
+        "current": {"summary": controller_bench.summarize([controller_bench.metrics(current)])},
+        "baseline": {"summary": controller_bench.summarize([controller_bench.metrics(_round(1.0))])},
+    }
+    table = controller_bench.markdown(report)
+    label = f"control, {controller_bench.LOCK_FREE}"
+    assert f"| {label}: ingest p99 during it / idle | 1.50 (1.50–1.50) | – |" in table
+    assert f"| {label}: its p99 wait for the loop, ms | 6.000 (6.000–6.000) | – |" in table
+    report["current"] = report["baseline"]  # a run without the control: no row for it
+    assert label not in controller_bench.markdown(report)
 
 
 def test_the_worker_file_runs_by_path_under_a_baseline_interpreter() -> None:
