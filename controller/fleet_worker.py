@@ -43,7 +43,8 @@ is sharing one process with the loop, in two ways, each bounded here:
   replicas) runs some often enough (a thread waiting on the lock while another serialised
   it got it within 1 ms at p99).
 
-``docs/benchmarks/controller.md`` measures what a push waits, and what each of these is worth.
+``docs/benchmarks/controller.md`` measures what a push waits, and what each of these is worth; its control
+(a round as long that holds no lock) measures what a re-plan in another process could gain at most.
 """
 
 from __future__ import annotations
