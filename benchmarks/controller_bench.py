@@ -62,7 +62,6 @@ def metrics(result: dict) -> dict[str, float]:
     """The figures of one round that the summary compares."""
     lat = result["latency"]
     idle, busy = lat["idle"]["p99_ms"], lat["during_recompute"]["p99_ms"]
-    control = result.get("lock_free_latency")  # the current layout's, since the control exists
     return {
         "ingest_completions_per_s": result["ingest"]["completions_per_s"],
         "ingest_updates_per_s": result["ingest"]["updates_per_s"],
@@ -79,16 +78,21 @@ def metrics(result: dict) -> dict[str, float]:
             for window, (key, _) in WINDOWS.items()
         },
         "recompute_in_service_ms": lat["recomputes"]["median_ms"],
-        **(_control(control) if control is not None else {}),
+        **_newer(result),
     }
 
 
-def _control(latency: dict) -> dict[str, float]:
-    """The control round's figures (:data:`LOCK_FREE`)."""
-    return {
-        "lock_free_p99_ratio": _ratio(latency),
-        "lock_free_p99_wait_during_ms": latency["wait"]["during_recompute"]["p99_ms"],
-    }
+def _newer(result: dict) -> dict[str, float]:
+    """The figures a round has only where its worker measured them: the snapshot (since it exists) and the
+    control round (:data:`LOCK_FREE`, the current layout only)."""
+    out = {}
+    if "snapshot" in result:
+        out["snapshot_ms"], out["snapshot_mb"] = result["snapshot"]["median_ms"], result["snapshot"]["mb"]
+    control = result.get("lock_free_latency")
+    if control is not None:
+        out["lock_free_p99_ratio"] = _ratio(control)
+        out["lock_free_p99_wait_during_ms"] = control["wait"]["during_recompute"]["p99_ms"]
+    return out
 
 
 def summarize(rounds: list[dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -155,11 +159,13 @@ def markdown(report: dict) -> str:
             for part, what in PARTS.items()
         },
         "recompute_in_service_ms": ("recompute in service (interleaved with pushes, persisted), ms", 1, 1.0),
+        "snapshot_ms": ("the fleet pickled (a snapshot for a re-plan in another process), ms", 1, 1.0),
+        "snapshot_mb": ("the fleet pickled, MB", 1, 1.0),
         "lock_free_p99_ratio": (f"control, {LOCK_FREE}: ingest p99 during it / idle", 2, 1.0),
         "lock_free_p99_wait_during_ms": (f"control, {LOCK_FREE}: its p99 wait for the loop, ms", 3, 1.0),
     }
     for key, (label, digits, scale) in names.items():
-        if key not in cur:  # the control: measured for the current layout only, and only since it exists
+        if key not in cur:  # the control and the snapshot: measured since they exist (the control: this layout only)
             continue
         lines.append(
             f"| {label} | {_fmt(cur[key], digits, scale)} | {_fmt(base[key], digits, scale) if base and key in base else '–'} |"

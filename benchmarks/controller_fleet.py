@@ -6,6 +6,8 @@ controller up to a steady state (full step windows, an estimate, plans), then ti
 * ``update``: one estimator update + one plan on a window of 500 lengths;
 * ``recompute``: ``FleetController.recompute`` for the whole fleet, after every replica
   pushed one batch since the previous one (all of them have new data: the worst case);
+* ``snapshot``: the whole fleet pickled, what a re-plan in another process fed a snapshot
+  would cost the owner at every re-plan;
 * ``ingest``: saturated ingestion through ``ControllerActor.ingest`` (msgpack bytes in,
   thresholds out) with the periodic re-plans the actor schedules, persistence included;
 * ``latency``: open-loop pushes (Poisson, at the rate of a busy fleet) while the harness asks
@@ -34,6 +36,7 @@ import asyncio
 import contextlib
 import gc
 import inspect
+import pickle
 import statistics
 import tempfile
 import time
@@ -271,6 +274,17 @@ def bench_recompute(fc: FleetController, tel: Telemetry, repeats: int) -> dict[s
     return _percentiles(samples)
 
 
+def bench_snapshot(fc: FleetController, repeats: int = 3) -> dict[str, float]:
+    """The whole fleet pickled: what feeding a re-plan in another process a snapshot would cost the
+    process that owns the fleet (with the interpreter lock held), each time it re-plans."""
+    samples, size = [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        size = len(pickle.dumps(fc, protocol=pickle.HIGHEST_PROTOCOL))
+        samples.append(time.perf_counter() - t0)
+    return {**_percentiles(samples), "mb": size / 1e6}
+
+
 def _actor(fc: FleetController) -> ControllerActor:
     """The actor around an already warm fleet (its state directory is the fleet's config's)."""
     actor = ControllerActor(fc.config, housekeeping=False)
@@ -448,6 +462,7 @@ def measure(shape: FleetShape, seed: int, ingest_s: float, latency_s: float, rat
         if lock_free:
             held_s = out["latency"]["recomputes"]["median_ms"] / 1e3
             out["lock_free_latency"] = bench_latency(fc, tel, latency_s, rate, recompute_every_s, lock_free_s=held_s)
+        out["snapshot"] = bench_snapshot(fc)  # last: its ~100 MB of garbage must not touch the timings above
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks import controller_bench, controller_fleet
-from benchmarks.controller_fleet import FleetShape, bench_latency, warm_fleet
+from benchmarks.controller_fleet import FleetShape, bench_latency, bench_snapshot, warm_fleet
 
 
 def test_a_pushs_latency_is_split_into_its_wait_for_the_loop_and_its_handling() -> None:
@@ -35,6 +35,19 @@ def test_the_lock_free_control_holds_the_rounds_but_changes_nothing_and_restores
     assert "recompute" not in vars(fleet)  # the fleet's own recompute is back
     fleet.recompute("after")
     assert fleet.version == version + 1
+
+
+def test_the_snapshot_is_the_whole_fleet_and_is_shown_where_it_was_measured() -> None:
+    shape = FleetShape(replicas=4, completions=8, steps=8, running=8, concurrency=16, warm_steps=64)
+    fleet, _ = warm_fleet(shape, seed=0)
+    snapshot = bench_snapshot(fleet, repeats=2)
+    assert snapshot["n"] == 2 and snapshot["mb"] > 0.1  # four replicas' step windows, at least
+    rounds = {"current": {**_round(1.0), "snapshot": {"median_ms": 180.0, "mb": 104.5}}, "baseline": _round(1.0)}
+    report = {"replicas": 4, "runs": 1, "seconds": 1.0}
+    for name, one in rounds.items():
+        report[name] = {"summary": controller_bench.summarize([controller_bench.metrics(one)])}
+    table = controller_bench.markdown(report)
+    assert "| the fleet pickled, MB | 104.5 (104.5–104.5) | – |" in table
 
 
 def _round(scale: float) -> dict:
