@@ -6,8 +6,6 @@ controller up to a steady state (full step windows, an estimate, plans), then ti
 * ``update``: one estimator update + one plan on a window of 500 lengths;
 * ``recompute``: ``FleetController.recompute`` for the whole fleet, after every replica
   pushed one batch since the previous one (all of them have new data: the worst case);
-* ``snapshot``: the whole fleet pickled, what a re-plan in another process fed a snapshot
-  would cost the owner at every re-plan;
 * ``ingest``: saturated ingestion through ``ControllerActor.ingest`` (msgpack bytes in,
   thresholds out) with the periodic re-plans the actor schedules, persistence included;
 * ``latency``: open-loop pushes (Poisson, at the rate of a busy fleet) while the harness asks
@@ -18,7 +16,9 @@ controller up to a steady state (full step windows, an estimate, plans), then ti
   *handling*, from there to the reply (what the actor does with the push);
 * ``lock_free_latency`` (``--lock-free``, the current layout only): the same, with each recompute
   a sleep as long as the real ones took that holds no interpreter lock - a control for what
-  the round's work costs the loop by sharing the process, apart from the round's structure.
+  the round's work costs the loop by sharing the process, apart from the round's structure;
+* ``snapshot``, last: the whole fleet pickled, what a re-plan in another process fed a snapshot
+  would cost the owner at every re-plan.
 
 The actor runs in-process on one asyncio event loop, as a Ray async actor runs its methods:
 they interleave only where one awaits, so what blocks the loop here blocks it under Ray too
@@ -408,9 +408,8 @@ def bench_latency(fc: FleetController, tel: Telemetry, seconds: float, rate: flo
     shape = tel.shape
     payloads = [encode(tel.batch(i % shape.replicas)) for i in range(int(seconds * rate))]
     actor = _actor(fc)
-    if lock_free_s is None:
-        return asyncio.run(_latency(actor, payloads, rate, recompute_every_s, seed=7))
-    with _lock_free_recomputes(fc, lock_free_s):
+    control = contextlib.nullcontext() if lock_free_s is None else _lock_free_recomputes(fc, lock_free_s)
+    with control:
         return asyncio.run(_latency(actor, payloads, rate, recompute_every_s, seed=7))
 
 
