@@ -7,10 +7,12 @@ from pathlib import Path
 from benchmarks import controller_bench, controller_fleet
 from benchmarks.controller_fleet import FleetShape, bench_latency, bench_snapshot, warm_fleet
 
+#: A fleet small enough for a unit test: four replicas, a few records a push.
+SMALL = FleetShape(replicas=4, completions=8, steps=8, running=8, concurrency=16, warm_steps=64)
+
 
 def test_a_pushs_latency_is_split_into_its_wait_for_the_loop_and_its_handling() -> None:
-    shape = FleetShape(replicas=4, completions=8, steps=8, running=8, concurrency=16, warm_steps=64)
-    fleet, telemetry = warm_fleet(shape, seed=0)
+    fleet, telemetry = warm_fleet(SMALL, seed=0)
     out = bench_latency(fleet, telemetry, seconds=1.0, rate=100.0, recompute_every_s=0.2)
     assert out["recomputes"]["n"] >= 1
     for window in ("idle", "during_recompute"):
@@ -24,8 +26,7 @@ def test_a_pushs_latency_is_split_into_its_wait_for_the_loop_and_its_handling() 
 
 
 def test_the_lock_free_control_holds_the_rounds_but_changes_nothing_and_restores_the_recompute() -> None:
-    shape = FleetShape(replicas=4, completions=8, steps=8, running=8, concurrency=16, warm_steps=64)
-    fleet, telemetry = warm_fleet(shape, seed=0)
+    fleet, telemetry = warm_fleet(SMALL, seed=0)
     version = fleet.version
     out = bench_latency(fleet, telemetry, seconds=1.0, rate=100.0, recompute_every_s=0.2, lock_free_s=0.05)
     assert out["recomputes"]["n"] >= 1
@@ -38,15 +39,11 @@ def test_the_lock_free_control_holds_the_rounds_but_changes_nothing_and_restores
 
 
 def test_the_snapshot_is_the_whole_fleet_and_is_shown_where_it_was_measured() -> None:
-    shape = FleetShape(replicas=4, completions=8, steps=8, running=8, concurrency=16, warm_steps=64)
-    fleet, _ = warm_fleet(shape, seed=0)
+    fleet, _ = warm_fleet(SMALL, seed=0)
     snapshot = bench_snapshot(fleet, repeats=2)
     assert snapshot["n"] == 2 and snapshot["mb"] > 0.1  # four replicas' step windows, at least
-    rounds = {"current": {**_round(1.0), "snapshot": {"median_ms": 180.0, "mb": 104.5}}, "baseline": _round(1.0)}
-    report = {"replicas": 4, "runs": 1, "seconds": 1.0}
-    for name, one in rounds.items():
-        report[name] = {"summary": controller_bench.summarize([controller_bench.metrics(one)])}
-    table = controller_bench.markdown(report)
+    current = {**_round(1.0), "snapshot": {"median_ms": 180.0, "mb": 104.5}}
+    table = controller_bench.markdown(_one_run_report(current, baseline=_round(1.0)))
     assert "| the fleet pickled, MB | 104.5 (104.5–104.5) | – |" in table
 
 
@@ -59,6 +56,14 @@ def _round(scale: float) -> dict:
         "update": {"median_ms": 0.8},
         "latency": {**parts, "wait": parts, "handling": parts, "recomputes": {"median_ms": 70.0}},
     }
+
+
+def _one_run_report(current: dict, baseline: dict) -> dict:
+    """What ``controller_bench`` reports after one run of each version."""
+    report: dict = {"replicas": 4, "runs": 1, "seconds": 1.0}
+    for name, one in (("current", current), ("baseline", baseline)):
+        report[name] = {"summary": controller_bench.summarize([controller_bench.metrics(one)])}
+    return report
 
 
 def test_the_table_shows_each_part_of_the_p99_in_each_window() -> None:
@@ -78,13 +83,7 @@ def test_the_table_shows_each_part_of_the_p99_in_each_window() -> None:
 
 def test_the_control_is_shown_for_the_code_that_measured_it_only() -> None:
     current = {**_round(1.0), "lock_free_latency": _round(2.0)["latency"]}
-    report = {
-        "replicas": 4,
-        "runs": 1,
-        "seconds": 1.0,
-        "current": {"summary": controller_bench.summarize([controller_bench.metrics(current)])},
-        "baseline": {"summary": controller_bench.summarize([controller_bench.metrics(_round(1.0))])},
-    }
+    report = _one_run_report(current, baseline=_round(1.0))
     table = controller_bench.markdown(report)
     label = f"control, {controller_bench.LOCK_FREE}"
     assert f"| {label}: ingest p99 during it / idle | 1.50 (1.50–1.50) | – |" in table
