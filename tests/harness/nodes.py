@@ -62,10 +62,17 @@ class KilledNode:
     at: float  # time.monotonic() of the kill
 
 
-#: Tries to start the cluster. A raylet that cannot register with the GCS within Ray's 30 s (the
-#: machine still busy with the previous deployment's shutdown, 2 cores) fails the start with
-#: "timed out during startup"; the next try, on a quieter machine, starts.
+#: Tries to start the cluster. On 2 cores still busy with the previous deployment's shutdown a start
+#: can miss one of Ray's startup waits: a raylet that does not register with the GCS in 30 s ("timed
+#: out during startup"), or a GCS that does not publish its port in time ("Timed out waiting for file
+#: .../gcs_server_port_..."; seen in CI). The next try, on a quieter machine, starts.
 START_ATTEMPTS = 3
+#: How a missed startup wait reads (lower case): anything else is a real error and is raised at once.
+STARTUP_TIMEOUTS = ("timed out during startup", "timed out waiting for file")
+#: Seconds the GCS gets to publish its port (Ray's default is 30 s for the in-memory store): the
+#: harness's heads start on a machine shared with engines, so a slow start is waited for first.
+GCS_PORT_WAIT_S = 90
+GCS_PORT_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"  # Ray's own name for it, read by the driver
 
 
 class LocalCluster:
@@ -114,7 +121,7 @@ class LocalCluster:
             except Exception as exc:  # Ray raises a bare Exception when a node does not come up
                 with contextlib.suppress(Exception):
                     self.shutdown()  # a head left running would hold ports and cores for the next try
-                if attempt == START_ATTEMPTS or "timed out during startup" not in str(exc):
+                if attempt == START_ATTEMPTS or not any(m in str(exc).lower() for m in STARTUP_TIMEOUTS):
                     raise
                 print(f"[cluster] a node did not start in time ({exc}); starting again ({attempt + 1} of "
                       f"{START_ATTEMPTS})", flush=True)  # fmt: skip
@@ -133,7 +140,12 @@ class LocalCluster:
         process turns it on to join clusters that use it) refuses the GCS's calls to a
         head started without it, and a lost node's replacement would never take work.
         """
-        wanted = {**self.env, "RAY_TMPDIR": str(self.tmpdir), "RAY_AUTH_MODE": self.AUTH_MODE}
+        wanted = {
+            GCS_PORT_WAIT_ENV: str(GCS_PORT_WAIT_S),
+            **self.env,
+            "RAY_TMPDIR": str(self.tmpdir),
+            "RAY_AUTH_MODE": self.AUTH_MODE,
+        }
         saved = {name: os.environ.get(name) for name in wanted}
         os.environ.update(wanted)
         try:
