@@ -25,7 +25,8 @@ time, while the loop goes on answering:
 Why a thread. The work is numpy and pure Python on state the loop's own pushes update. A
 process fed a snapshot would need, for every re-plan, the fleet copied out (pickled, ~100 MB at
 256 replicas, taking several times the re-plan itself with the interpreter lock held: the
-benchmark's snapshot figure) and the plans and planner states copied back. A planner actor
+benchmark's snapshot figure) and the plans and planner states copied back; a fork, the copy-on-write
+snapshot, holds the lock for milliseconds at each re-plan (about an idle push's p99). A planner actor
 owning the fleet would take the whole telemetry stream as well (a second ingestion), and
 every admin call would be a round trip to it. The thread needs no copy and no protocol, and
 the maths stays ordinary functions. What it costs is sharing one process with the loop, in two
