@@ -212,10 +212,21 @@ def banner(cfg: ServeConfig, ray_address: str | None = None) -> str:
     )
 
 
+#: How Ray says a start missed one of its own startup waits (lower case): a raylet that did not register with the
+#: GCS within 30 s ("... timed out during startup"), or a GCS that did not publish its port within 30 s ("Timed out
+#: waiting for file .../gcs_server_port_..."). A loaded 2-core machine can miss either; the next try usually starts.
+RAY_START_TIMEOUTS = ("timed out during startup", "timed out waiting for file")
+
+
+def ray_start_timed_out(error: object) -> bool:
+    """Whether ``error`` (an exception, or its text) is Ray missing one of its startup waits."""
+    text = str(error).lower()
+    return any(marker in text for marker in RAY_START_TIMEOUTS)
+
+
 def start_ray(section: RaySection, attempts: int = 3) -> Path:
     """Join ``section.address`` or start a local Ray and return the session directory (logs);
-    retried because Ray gives a new node only 30 s to register, which a loaded 2-core
-    machine can miss."""
+    retried when Ray misses one of its startup waits (:data:`RAY_START_TIMEOUTS`)."""
     import ray
 
     from ebplus.deploy.progress import DEFAULT_SESSION_DIR
@@ -233,8 +244,8 @@ def start_ray(section: RaySection, attempts: int = 3) -> Path:
                     _metrics_export_port=section.metrics_export_port,
                 )
             return Path(context.address_info.get("session_dir") or DEFAULT_SESSION_DIR)
-        except Exception as exc:  # Ray raises a bare Exception for a slow node start
-            if "timed out during startup" not in str(exc):
+        except Exception as exc:  # Ray raises a bare Exception (a raylet) or a RuntimeError (the GCS)
+            if not ray_start_timed_out(exc):
                 raise
             if attempt == attempts:
                 raise CommandError(

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ebplus.deploy.cli import ray_start_timed_out
 from harness.waiting import HarnessError
 
 
@@ -63,12 +64,10 @@ class KilledNode:
 
 
 #: Tries to start the cluster. On 2 cores still busy with the previous deployment's shutdown a start
-#: can miss one of Ray's startup waits: a raylet that does not register with the GCS in 30 s ("timed
-#: out during startup"), or a GCS that does not publish its port in time ("Timed out waiting for file
-#: .../gcs_server_port_..."; seen in CI). The next try, on a quieter machine, starts.
+#: can miss one of Ray's startup waits (:data:`ebplus.deploy.cli.RAY_START_TIMEOUTS`: a raylet's
+#: registration, or the GCS's port, seen in CI); the next try, on a quieter machine, starts. Any
+#: other error is raised at once.
 START_ATTEMPTS = 3
-#: How a missed startup wait reads (lower case): anything else is a real error and is raised at once.
-STARTUP_TIMEOUTS = ("timed out during startup", "timed out waiting for file")
 #: Seconds the GCS gets to publish its port (Ray's default is 30 s for the in-memory store): the
 #: harness's heads start on a machine shared with engines, so a slow start is waited for first.
 GCS_PORT_WAIT_S = 90
@@ -121,7 +120,7 @@ class LocalCluster:
             except Exception as exc:  # Ray raises a bare Exception when a node does not come up
                 with contextlib.suppress(Exception):
                     self.shutdown()  # a head left running would hold ports and cores for the next try
-                if attempt == START_ATTEMPTS or not any(m in str(exc).lower() for m in STARTUP_TIMEOUTS):
+                if attempt == START_ATTEMPTS or not ray_start_timed_out(exc):
                     raise
                 print(f"[cluster] a node did not start in time ({exc}); starting again ({attempt + 1} of "
                       f"{START_ATTEMPTS})", flush=True)  # fmt: skip

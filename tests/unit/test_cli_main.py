@@ -106,3 +106,52 @@ def test_model_build_failures_become_command_errors() -> None:
     checksum = pytest.raises(cli.CommandError, match="^model.source builtin:smollm2: GGUF sha256 mismatch$")
     with checksum, building("model.source builtin:smollm2"):
         raise RuntimeError("GGUF sha256 mismatch")
+
+
+class _FlakyRay:
+    """``ray`` for :func:`ebplus.deploy.cli.start_ray`: ``init`` fails with ``errors`` first, then starts."""
+
+    def __init__(self, errors: list[Exception]) -> None:
+        self.errors = list(errors)
+        self.calls: list[str] = []
+
+    def init(self, **_kwargs: object) -> argparse.Namespace:
+        self.calls.append("init")
+        if self.errors:
+            raise self.errors.pop(0)
+        return argparse.Namespace(address_info={"session_dir": "/tmp/ray/session_x"})
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+RAYLET_MISSED = Exception("The current node timed out during startup. This could happen because ...")
+GCS_MISSED = RuntimeError("Timed out waiting for file /tmp/ray/session_x/gcs_server_port_abc")
+
+
+@pytest.mark.parametrize("missed", [RAYLET_MISSED, GCS_MISSED], ids=["raylet", "gcs"])
+def test_a_ray_start_that_misses_a_startup_wait_is_tried_again(monkeypatch, capsys, missed: Exception) -> None:
+    from ebplus.deploy.cli import start_ray
+    from ebplus.deploy.config import RaySection
+
+    ray = _FlakyRay([missed])
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    assert start_ray(RaySection()) == Path("/tmp/ray/session_x")
+    assert ray.calls == ["init", "shutdown", "init"]
+    assert "Ray start timed out" in capsys.readouterr().out
+
+
+def test_a_ray_start_that_keeps_missing_its_waits_fails_as_one_line_and_any_other_error_at_once(monkeypatch) -> None:
+    from ebplus.deploy.cli import start_ray
+    from ebplus.deploy.config import RaySection
+    from ebplus.errors import CommandError
+
+    ray = _FlakyRay([GCS_MISSED, RAYLET_MISSED, GCS_MISSED])
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    with pytest.raises(CommandError, match="Ray did not start in 3 attempts"):
+        start_ray(RaySection())
+    ray = _FlakyRay([ValueError("address 'x' is not a Ray cluster")])
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    with pytest.raises(ValueError, match="not a Ray cluster"):
+        start_ray(RaySection())
+    assert ray.calls == ["init"]
