@@ -141,7 +141,9 @@ def test_a_ray_start_that_misses_a_startup_wait_is_tried_again(monkeypatch, caps
     assert "Ray start timed out" in capsys.readouterr().out
 
 
-def test_a_ray_start_that_keeps_missing_its_waits_fails_as_one_line_and_any_other_error_at_once(monkeypatch) -> None:
+def test_a_ray_start_that_keeps_missing_its_waits_ends_in_a_command_error_and_any_other_error_at_once(
+    monkeypatch,
+) -> None:
     from ebplus.deploy.cli import start_ray
     from ebplus.deploy.config import RaySection
     from ebplus.errors import CommandError
