@@ -17,6 +17,9 @@ controller up to a steady state (full step windows, an estimate, plans), then ti
 * ``lock_free_latency`` (``--lock-free``, the current layout only): the same, with each recompute
   a sleep as long as the real ones took that holds no interpreter lock - a control for what
   the round's work costs the loop by sharing the process, apart from the round's structure;
+* ``busy_latency`` (``--busy-elsewhere``, the current layout only): the same, with each recompute as
+  long spent by *another process* spinning on a CPU (at the lowest priority), while the worker thread
+  waits holding no lock - what a re-plan that shares only the machine with the actor costs a push;
 * ``snapshot``, last: the whole fleet pickled, what a re-plan in another process fed a snapshot
   would cost the owner at every re-plan.
 
@@ -34,14 +37,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import inspect
+import multiprocessing
+import os
 import pickle
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +77,9 @@ try:
 except ModuleNotFoundError:  # a baseline checkout older than the simulator's own package (--baseline)
     from ebplus.bench import distributions as dist  # type: ignore[no-redef]
 
+#: The busy control's spinner runs at the lowest priority: what it costs a push is then not the guest
+#: scheduler preferring it to the actor's thread.
+SPINNER_NICE = 19
 H200 = CostModel(
     alpha_p=1.2786e-3, beta_p=2.4853e-5, alpha_d=8.921e-3, beta_d=4.586e-5, beta_mb=(2.494e-5, 5.193e-5, 1.478e-5)
 )
@@ -394,7 +404,7 @@ async def _latency(
 
 
 def bench_latency(fc: FleetController, tel: Telemetry, seconds: float, rate: float, recompute_every_s: float,
-                  lock_free_s: float | None = None) -> dict:  # fmt: skip
+                  lock_free_s: float | None = None, busy_s: float | None = None) -> dict:  # fmt: skip
     """Open-loop pushes at ``rate``/s while a fleet recompute is asked for every ``recompute_every_s``.
 
     Only the harness triggers recomputes here (periodic updates and concurrency re-plans
@@ -402,30 +412,29 @@ def bench_latency(fc: FleetController, tel: Telemetry, seconds: float, rate: flo
 
     With ``lock_free_s``, each recompute is a wait of that long that holds no interpreter lock
     and changes nothing (:func:`_lock_free_recomputes`): the round is held and published as
-    usual, but its work costs this process nothing.
+    usual, but its work costs this process nothing. With ``busy_s``, each is that long of a CPU
+    kept busy by another process (:func:`_busy_elsewhere_recomputes`).
     """
     _no_periodic_updates(fc)
     shape = tel.shape
     payloads = [encode(tel.batch(i % shape.replicas)) for i in range(int(seconds * rate))]
     actor = _actor(fc)
-    control = contextlib.nullcontext() if lock_free_s is None else _lock_free_recomputes(fc, lock_free_s)
+    control: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if lock_free_s is not None:
+        control = _lock_free_recomputes(fc, lock_free_s)
+    elif busy_s is not None:
+        control = _busy_elsewhere_recomputes(fc, busy_s)
     with control:
         return asyncio.run(_latency(actor, payloads, rate, recompute_every_s, seed=7))
 
 
 @contextlib.contextmanager
-def _lock_free_recomputes(fc: FleetController, seconds: float) -> Iterator[None]:
-    """``fc.recompute`` replaced by a sleep of ``seconds``: what a push would wait if the re-plan ran in
-    another process (at no cost to this one) - the pushes held, the round published, nothing else.
-
-    The control separates the latency the round's *structure* adds (held telemetry, the round's
-    hand-over on the loop) from what sharing the interpreter lock with its work adds. Only the
-    current layout runs its re-plan through ``fc.recompute`` in a worker round, so only it is
-    measured this way.
-    """
+def _substituted_recomputes(fc: FleetController, work: Callable[[], object]) -> Iterator[None]:
+    """``fc.recompute`` replaced by ``work``, which changes nothing: the pushes are still held and the round
+    published, but nothing is re-planned. The fleet's own ``recompute`` is back afterwards."""
 
     def recompute(cause: str = "manual") -> int:
-        time.sleep(seconds)
+        work()
         return fc.version
 
     fc.recompute = recompute  # type: ignore[method-assign]
@@ -435,12 +444,58 @@ def _lock_free_recomputes(fc: FleetController, seconds: float) -> Iterator[None]
         del fc.recompute
 
 
+def _lock_free_recomputes(fc: FleetController, seconds: float) -> contextlib.AbstractContextManager[None]:
+    """Each recompute a sleep of ``seconds``: what a push would wait if the re-plan ran in another process at
+    no cost to this one, and at no cost to the machine.
+
+    The control separates the latency the round's *structure* adds (held telemetry, the round's
+    hand-over on the loop) from what its work adds. Only the current layout runs its re-plan through
+    ``fc.recompute`` in a worker round, so only it is measured this way (and by the busy control).
+    """
+    return _substituted_recomputes(fc, functools.partial(time.sleep, seconds))
+
+
+def _spin(conn: Connection) -> None:
+    """The busy control's other process, at the lowest priority: for each duration it receives, a pure Python
+    spin that long (no I/O, no memory traffic to speak of), then an answer."""
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no os.nice (not POSIX)
+        os.nice(SPINNER_NICE)
+    while (seconds := conn.recv()) is not None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+        conn.send(True)
+
+
+@contextlib.contextmanager
+def _busy_elsewhere_recomputes(fc: FleetController, seconds: float) -> Iterator[None]:
+    """Each recompute ``seconds`` of a CPU kept busy by *another process* (:func:`_spin`), while the worker
+    thread waits for it holding no interpreter lock: what a re-plan that shares nothing with the actor's
+    process but the machine costs a push (no lock, no copies, no messages but one each way)."""
+    context = multiprocessing.get_context("spawn")  # not fork: this process has threads
+    ours, theirs = context.Pipe()
+    spinner = context.Process(target=_spin, args=(theirs,), daemon=True, name="ebplus-bench-spinner")
+    spinner.start()
+
+    def busy() -> None:
+        ours.send(seconds)
+        ours.recv()
+
+    try:
+        with _substituted_recomputes(fc, busy):
+            yield
+    finally:
+        ours.send(None)
+        spinner.join(10)
+
+
 def measure(shape: FleetShape, seed: int, ingest_s: float, latency_s: float, rate: float, recompute_every_s: float,
-            recompute_repeats: int, lock_free: bool = False) -> dict:  # fmt: skip
+            recompute_repeats: int, lock_free: bool = False, busy_elsewhere: bool = False) -> dict:  # fmt: skip
     """One round of every measurement on a freshly warmed fleet (persistence to a temporary directory).
 
     With ``lock_free``, the latency is measured again with recomputes that hold no interpreter lock,
-    each as long as the real ones took in service (``lock_free_latency``)."""
+    each as long as the real ones took in service (``lock_free_latency``); with ``busy_elsewhere``, again
+    with each recompute as long spent busy in another process (``busy_latency``)."""
     with tempfile.TemporaryDirectory(prefix="ebplus-bench-") as state_dir:
         started = time.perf_counter()
         fc, tel = warm_fleet(shape, seed, state_dir)
@@ -461,6 +516,9 @@ def measure(shape: FleetShape, seed: int, ingest_s: float, latency_s: float, rat
         if lock_free:
             held_s = out["latency"]["recomputes"]["median_ms"] / 1e3
             out["lock_free_latency"] = bench_latency(fc, tel, latency_s, rate, recompute_every_s, lock_free_s=held_s)
+        if busy_elsewhere:
+            held_s = out["latency"]["recomputes"]["median_ms"] / 1e3
+            out["busy_latency"] = bench_latency(fc, tel, latency_s, rate, recompute_every_s, busy_s=held_s)
         out["snapshot"] = bench_snapshot(fc)  # last: its ~100 MB of garbage must not touch the timings above
     return out
 
@@ -482,10 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recompute-repeats", type=int, default=5)
     control = "measure the latency again with recomputes that hold no interpreter lock (a control)"
     parser.add_argument("--lock-free", action="store_true", help=control)
+    busy = "measure it again with each recompute as long spent busy in another process (a control)"
+    parser.add_argument("--busy-elsewhere", action="store_true", help=busy)
     args = parser.parse_args(argv)
     shape = FleetShape(replicas=args.replicas, running=args.running, warm_steps=args.warm_steps)
     out = measure(shape, args.seed, args.ingest_s, args.latency_s, args.rate, args.recompute_every_s,
-                  args.recompute_repeats, args.lock_free)  # fmt: skip
+                  args.recompute_repeats, args.lock_free, args.busy_elsewhere)  # fmt: skip
     print(json.dumps(out))
     return 0
 

@@ -28,8 +28,10 @@ process fed a snapshot would need, for every re-plan, the fleet copied out (pick
 benchmark's snapshot figure) and the plans and planner states copied back; a fork, the copy-on-write
 snapshot, holds the lock for milliseconds at each re-plan (about an idle push's p99). A planner actor
 owning the fleet would take the whole telemetry stream as well (a second ingestion), and
-every admin call would be a round trip to it. The thread needs no copy and no protocol, and
-the maths stays ordinary functions. What it costs is sharing one process with the loop, in two
+every admin call would be a round trip to it. A fleet in a process of its own, fed every push by
+a thin front, was prototyped: on the 2-core benchmark machine its pushes waited no less, relative
+to idle ones, since a CPU kept busy by any process there costs a waiting push most of what this
+thread does. The thread needs no copy and no protocol, and the maths stays ordinary functions. What it costs is sharing one process with the loop, in two
 ways, each bounded here:
 
 * **The CPU.** On a machine with few cores, busy with other work, the loop's thread and the
@@ -45,8 +47,9 @@ ways, each bounded here:
   replicas) runs some often enough (a thread waiting on the lock while another serialised
   it got it within 1 ms at p99).
 
-``docs/benchmarks/controller.md`` measures what a push waits, and what each of these is worth; its control
-(a round as long that holds no lock) measures what a re-plan in another process could gain at most.
+``docs/benchmarks/controller.md`` measures what a push waits, and what each of these is worth; its controls
+(a round as long that holds no lock; one spent busy in another process) measure what a re-plan elsewhere
+could gain at most, and what it gains on a machine it shares with the actor.
 """
 
 from __future__ import annotations

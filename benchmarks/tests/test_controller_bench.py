@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import time
 from pathlib import Path
+
+import pytest
 
 from benchmarks import controller_bench, controller_fleet
 from benchmarks.controller_fleet import FleetShape, bench_latency, bench_snapshot, warm_fleet
@@ -25,10 +30,13 @@ def test_a_pushs_latency_is_split_into_its_wait_for_the_loop_and_its_handling() 
     assert out["idle"]["n"] + out["during_recompute"]["n"] == 100
 
 
-def test_the_lock_free_control_holds_the_rounds_but_changes_nothing_and_restores_the_recompute() -> None:
+@pytest.mark.parametrize("control", ["lock_free_s", "busy_s"])
+def test_each_control_holds_the_rounds_but_changes_nothing_and_restores_the_recompute(control: str) -> None:
     fleet, telemetry = warm_fleet(SMALL, seed=0)
     version = fleet.version
-    out = bench_latency(fleet, telemetry, seconds=1.0, rate=100.0, recompute_every_s=0.2, lock_free_s=0.05)
+    children = set(multiprocessing.active_children())
+    out = bench_latency(fleet, telemetry, seconds=1.0, rate=100.0, recompute_every_s=0.2, **{control: 0.05})
+    assert set(multiprocessing.active_children()) == children  # the busy control's spinner is gone
     assert out["recomputes"]["n"] >= 1
     assert out["recomputes"]["median_ms"] >= 50.0  # the rounds lasted the sleep they were given
     assert fleet.version == version  # no re-plan ran: nothing was published
@@ -81,15 +89,28 @@ def test_the_table_shows_each_part_of_the_p99_in_each_window() -> None:
     assert "| ingest p99 during a recompute ≤ 1.5× idle p99, in every run | 1.50 (1.50–1.60)× | – | **no** |" in table
 
 
-def test_the_control_is_shown_for_the_code_that_measured_it_only() -> None:
-    current = {**_round(1.0), "lock_free_latency": _round(2.0)["latency"]}
+def test_the_controls_are_shown_for_the_code_that_measured_them_only() -> None:
+    current = {**_round(1.0), "lock_free_latency": _round(2.0)["latency"], "busy_latency": _round(3.0)["latency"]}
     report = _one_run_report(current, baseline=_round(1.0))
     table = controller_bench.markdown(report)
-    label = f"control, {controller_bench.LOCK_FREE}"
-    assert f"| {label}: ingest p99 during it / idle | 1.50 (1.50–1.50) | – |" in table
-    assert f"| {label}: its p99 wait for the loop, ms | 6.000 (6.000–6.000) | – |" in table
-    report["current"] = report["baseline"]  # a run without the control: no row for it
-    assert label not in controller_bench.markdown(report)
+    lock_free, busy = f"control, {controller_bench.LOCK_FREE}", f"control, {controller_bench.BUSY}"
+    assert f"| {lock_free}: ingest p99 during it / idle | 1.50 (1.50–1.50) | – |" in table
+    assert f"| {lock_free}: its p99 wait for the loop, ms | 6.000 (6.000–6.000) | – |" in table
+    assert f"| {busy}: its p99 wait for the loop, ms | 9.000 (9.000–9.000) | – |" in table
+    report["current"] = report["baseline"]  # a run without the controls: no row for them
+    table = controller_bench.markdown(report)
+    assert lock_free not in table and busy not in table
+
+
+def test_the_busy_control_spins_in_another_process_at_the_lowest_priority() -> None:
+    """What the busy control stands for is a CPU kept busy outside this process, not this process's own work."""
+    fleet, _ = warm_fleet(SMALL, seed=0)
+    with controller_fleet._busy_elsewhere_recomputes(fleet, 0.2):
+        (spinner,) = [c for c in multiprocessing.active_children() if c.name == "ebplus-bench-spinner"]
+        started = time.process_time()
+        fleet.recompute("control")
+        assert time.process_time() - started < 0.1  # this process waited; the spinner spent the 0.2 s
+        assert os.getpriority(os.PRIO_PROCESS, spinner.pid) == controller_fleet.SPINNER_NICE
 
 
 def test_the_worker_file_runs_by_path_under_a_baseline_interpreter() -> None:
