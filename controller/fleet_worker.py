@@ -31,8 +31,8 @@ owning the fleet would take the whole telemetry stream as well (a second ingesti
 every admin call would be a round trip to it. A fleet in a process of its own, fed every push by
 a thin front, was prototyped: on the 2-core benchmark machine its pushes waited no less, relative
 to idle ones, since a CPU kept busy by any process there costs a waiting push most of what this
-thread does. The thread needs no copy and no protocol, and the maths stays ordinary functions. What it costs is sharing one process with the loop, in two
-ways, each bounded here:
+thread does. The thread needs no copy and no protocol, and the maths stays ordinary functions.
+What it costs is sharing one process with the loop, in two ways, each bounded here:
 
 * **The CPU.** On a machine with few cores, busy with other work, the loop's thread and the
   worker's share one core, and the kernel lets a running thread go on for its slice (a few
