@@ -1,17 +1,19 @@
 """The phase-aware router and staggered windows on a real deployment, against Ray Serve's default router.
 
     python -m benchmarks.routing_bench [--config tests/e2e/routing.yaml]
-                                       [--routers default,phase,phase+unstaggered]
+                                       [--routers default,phase,phase+unstaggered,phase+inherit]
                                        [--rates 4,6.4] [--rounds 3] [--num-prompts 200]
                                        [--out docs/benchmarks/results/routing-real.md]
 
-An arm is a router (the config's ``replicas.routing.router`` replaced), and ``+unstaggered`` after it sets
-``controller.stagger: off`` (the config's own setting, the default ``on``, otherwise). Each round starts
+An arm is a router (the config's ``replicas.routing.router`` replaced), and a suffix after it sets one key
+of the config (:data:`VARIANTS`): ``+unstaggered``, ``controller.stagger: off`` (the config's own setting,
+the default ``on``, otherwise); ``+inherit``, ``replicas.engine_niceness: inherit`` (the engines at the
+replicas' CPU priority instead of below it, the default on these CPU replicas). Each round starts
 ``ebplus serve`` once per arm (the order rotates from round to round, so no arm always runs on the fresher
 machine), warms it up, and runs vLLM's serving benchmark (``vllm bench serve``'s code) at each request
 rate: Poisson arrivals of random-token prompts answered to exactly ``--output-len`` tokens. It reports
 TTFT p50/p99 and tokens/s per arm and rate (medians over the rounds, with min-max); within each round,
-each arm's ratio to the default router and each staggered arm's to its unstaggered twin; the controller's
+each arm's ratio to the default router and each suffixed arm's base over it; the controller's
 stagger decision and the windows its timer opened; and the board router's decision time (board lookup
 included, from ``/admin/routing``), on the wall clock and in the router thread's CPU time.
 
@@ -41,18 +43,28 @@ RAY_METRICS_PORT = 18480
 FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "total_tok_per_s")
 #: An arm's suffix that turns the controller's stagger off (``controller.stagger: off``).
 UNSTAGGERED = "+unstaggered"
+#: An arm's suffix that leaves the engines at the replicas' CPU priority (``replicas.engine_niceness: inherit``).
+INHERIT = "+inherit"
+#: Each suffix an arm may carry, and the key it sets: (section, key, value).
+VARIANTS = {UNSTAGGERED: ("controller", "stagger", "off"), INHERIT: ("replicas", "engine_niceness", "inherit")}
 #: The decision-time clocks ``/admin/routing`` reports (``ebplus.deploy.request_router.CLOCKS``), as the summary
 #: names them.
 CLOCK_NAMES = {"decision_us": "wall clock", "decision_cpu_us": "router thread's CPU time"}
 
 
+def base_arm(arm: str) -> str:
+    """The arm without its suffix (:data:`VARIANTS`), or ``arm`` itself if it has none."""
+    return next((arm.removesuffix(s) for s in VARIANTS if arm.endswith(s)), arm)
+
+
 def deployment_config(base: Path, arm: str, workdir: Path) -> Path:
-    """A copy of ``base`` set up for ``arm`` (its router, the stagger off if it says so) and this benchmark's
-    ports."""
+    """A copy of ``base`` set up for ``arm`` (its router, the key its suffix sets) and this benchmark's ports."""
     cfg = yaml.safe_load(base.read_text())
-    cfg.setdefault("replicas", {}).setdefault("routing", {})["router"] = arm.removesuffix(UNSTAGGERED)
-    if arm.endswith(UNSTAGGERED):
-        cfg.setdefault("controller", {})["stagger"] = "off"
+    router = base_arm(arm)
+    cfg.setdefault("replicas", {}).setdefault("routing", {})["router"] = router
+    if router != arm:
+        section, key, value = VARIANTS[arm.removeprefix(router)]
+        cfg.setdefault(section, {})[key] = value
     cfg.setdefault("http", {}).update(host="127.0.0.1", port=PORT)
     cfg.setdefault("ray", {})["metrics_export_port"] = RAY_METRICS_PORT
     path = workdir / f"{arm}.yaml"
@@ -131,7 +143,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
         f"Command: `{command}` ({wall_s / 60:.0f} min). {args.rounds} rounds, each arm once a round "
         f"(order rotated), {args.num_prompts} requests a run, prompts {args.input_len} ± {args.range_ratio:.0%} "
         f"tokens answered to {args.output_len} tokens (`--ignore-eos`), Poisson arrivals. "
-        f"An arm `ROUTER{UNSTAGGERED}` runs with `controller.stagger: off`. Median (min–max) over the rounds.",
+        f"An arm `ROUTER{UNSTAGGERED}` runs with `controller.stagger: off`, an arm `ROUTER{INHERIT}` with "
+        "`replicas.engine_niceness: inherit`. Median (min–max) over the rounds.",
         "",
         "| rate (req/s) | arm | TTFT p50 (ms) | TTFT p99 (ms) | tokens/s | failed |",
         "|---|---|---|---|---|---|",
@@ -142,8 +155,7 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
             cells = [spread([r[k] for r in runs], ",.1f" if k != "total_tok_per_s" else ",.0f") for k in FIGURES]
             lines.append(f"| {rate:g} | {router} | {' | '.join(cells)} | {sum(r['failed'] for r in runs)} |")
     pairs = [(arm, "default") for arm in args.routers if arm != "default" and "default" in args.routers]
-    pairs += [(arm.removesuffix(UNSTAGGERED), arm) for arm in args.routers
-              if arm.endswith(UNSTAGGERED) and arm.removesuffix(UNSTAGGERED) in args.routers]  # fmt: skip
+    pairs += [(base_arm(arm), arm) for arm in args.routers if base_arm(arm) != arm and base_arm(arm) in args.routers]
     table = ratio_rows(rows, args, pairs)
     if table:
         lines += ["", "Within each round, one arm over another (median, min–max over the rounds):", ""]
@@ -181,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROUTING_CONFIG), help="deployment config (two replicas in EB)")
     parser.add_argument("--routers", default=f"default,phase,phase{UNSTAGGERED}", type=lambda s: s.split(","),
-                        help=f"the arms: routers, each with {UNSTAGGERED} for the controller's stagger off")  # fmt: skip
+                        help=f"the arms: routers, each with {UNSTAGGERED} for the controller's stagger off or "
+                             f"{INHERIT} for the engines at the replicas' CPU priority")  # fmt: skip
     parser.add_argument("--rates", default="4,6.4", type=lambda s: [float(x) for x in s.split(",")],
                         help="request rates (req/s); the defaults are ~50%% and ~80%% of the config's capacity here")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)

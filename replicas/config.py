@@ -324,6 +324,16 @@ class ReplicaSection(_Section):
     accelerator: Literal["cpu", "gpu"] = Field("gpu", description="Where the engine runs.")
     accelerator_type: str | None = Field(None, description="Ray accelerator type to pin replicas to, e.g. 'H200'.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica actor.")
+    engine_niceness: int | Literal["auto", "inherit"] = Field(
+        "auto",
+        description=(
+            "The CPU priority of the engine's processes (vLLM's engine core and its workers), set once the engine "
+            "has started: a niceness from 0 to 19, higher runs later. 'auto': 19 on CPU replicas, where the engine "
+            "computes the model on the cores that also route, admit and stream requests, so those get a core as "
+            "soon as they ask; unchanged on GPU replicas. 'inherit': unchanged (Ray starts its workers at 15). A "
+            "value below the replica's own needs CAP_SYS_NICE; without it the replica logs a warning and serves."
+        ),
+    )
     profile: str = Field(
         "h200",
         description="Prior cost model: a bundled profile name (controller/profiles) or a YAML file path.",
@@ -402,6 +412,13 @@ class ReplicaSection(_Section):
         for name, key in RUNTIME_ENV_SET_BY.items():
             if name in env:
                 raise ValueError(f"env_vars.{name} is set by EB+ Serve from {key}; set that instead")
+        return value
+
+    @field_validator("engine_niceness")
+    @classmethod
+    def _niceness(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 0 <= value <= 19:
+            raise ValueError(f"must be 'auto', 'inherit' or a niceness from 0 to 19, got {value}")
         return value
 
     @model_validator(mode="after")

@@ -28,7 +28,7 @@ from ebplus.controller.actor import RayTransport
 from ebplus.controller.client import ControllerClient
 from ebplus.controller.messages import Mode
 from ebplus.controller.views import ThresholdsView
-from ebplus.replicas import board
+from ebplus.replicas import board, niceness
 from ebplus.replicas.budget import OutputBudget
 from ebplus.replicas.cancellation import guard_add_request, read_when_read
 from ebplus.replicas.config import ReplicaSection
@@ -84,6 +84,7 @@ class EBPlusServer(LLMServer):
 
     async def start(self) -> None:
         await super().start()
+        niceness.apply(self._section.engine_niceness, self._section.accelerator)  # its processes exist now
         client = self.engine._engine_client
         guard_add_request(client)  # a client gone while its request is added leaves no work behind
         self._budget = OutputBudget.for_engine(client.vllm_config, self._section.max_request_output)

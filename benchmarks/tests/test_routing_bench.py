@@ -21,6 +21,13 @@ def test_an_unstaggered_arm_is_its_router_with_the_controllers_stagger_off(tmp_p
     assert (phase.controller.stagger, off.controller.stagger) == ("on", "off")
 
 
+def test_an_inherit_arm_is_its_router_with_the_engines_left_at_the_replicas_priority(tmp_path: Path) -> None:
+    phase = load_config(deployment_config(ROUTING_CONFIG, "phase", tmp_path))
+    inherit = load_config(deployment_config(ROUTING_CONFIG, "phase+inherit", tmp_path))
+    assert inherit.replicas.routing.router == "phase" and inherit.controller.stagger == phase.controller.stagger
+    assert (phase.replicas.engine_niceness, inherit.replicas.engine_niceness) == ("auto", "inherit")
+
+
 def _row(arm: str, round_: int, ttft_p99: float, tok: float, on: bool) -> dict:
     view = None if arm == "default" else {
         "decisions": 10, "fallbacks": 1,
@@ -87,3 +94,16 @@ def test_the_stagger_seen_is_the_controllers_decision_and_its_timers_windows_ove
         assert stagger_seen(dep) == {"on": True, "reason": "2 of 2 replicas in EB", "period_s": 0.5, "timer_windows": 7}
     finally:
         server.shutdown()
+
+
+def test_the_summary_sets_an_inherit_arm_against_its_router_at_the_default_priority() -> None:
+    rows = [
+        row
+        for r in (1, 2, 3)
+        for row in (_row("phase", r, 500.0, 100.0, True), _row("phase+inherit", r, 1000.0, 100.0, True))
+    ]
+    args = argparse.Namespace(rounds=3, num_prompts=10, input_len=8, output_len=8, range_ratio=0.5, rates=[4.0],
+                              routers=["phase", "phase+inherit"])  # fmt: skip
+    text = "\n".join(markdown(rows, args, "cmd", 60.0))
+    assert "| 4 | phase / phase+inherit | 1.000 (1.000–1.000) (no difference) | 0.500 (0.500–0.500) |" in text
+    assert "an arm `ROUTER+inherit` with `replicas.engine_niceness: inherit`" in text

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 import harness as rel
@@ -49,6 +50,18 @@ def test_requests_are_routed_by_the_replicas_phase_boards(routed: rel.Deployment
     assert view["fallbacks"] == before["fallbacks"]  # fresh boards throughout: the policy chose every time
     assert {b["mode"] for b in view["boards"].values()} == {"eb"}
     assert view["decision_us"]["n"] >= decided
+
+
+def test_the_engines_run_below_the_serving_plane(routed: rel.Deployment) -> None:
+    """``replicas.engine_niceness: auto`` on CPU replicas: every thread of both engines (vLLM's engine core and
+    its workers, what they started since included) at 19; the replicas and the ingress at Ray's 15."""
+    tree = psutil.Process(routed.pid).children(recursive=True)
+    engines = [p for p in tree if p.name().startswith("VLLM::")]
+    serving = [p for p in tree if "ServeReplica:" in " ".join(p.cmdline())]
+    assert len({p.name() for p in engines}) >= 1 and len(engines) >= REPLICAS
+    assert len(serving) >= REPLICAS + 1  # the model replicas and the ingress
+    assert {psutil.Process(t.id).nice() for p in engines for t in p.threads()} == {19}
+    assert {p.nice() for p in serving} == {15}
 
 
 @pytest.mark.timeout(420)
