@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ebplus.controller import theory
 from ebplus.controller.config import CustomResources
 from ebplus.controller.messages import Mode, ThresholdUpdate
+from ebplus.replicas.niceness import Setting as NicenessSetting
 from ebplus.replicas.sampling import Sampling
 
 #: The replica variables EB+ Serve sets itself, by the key they come from.
@@ -324,7 +325,7 @@ class ReplicaSection(_Section):
     accelerator: Literal["cpu", "gpu"] = Field("gpu", description="Where the engine runs.")
     accelerator_type: str | None = Field(None, description="Ray accelerator type to pin replicas to, e.g. 'H200'.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica actor.")
-    engine_niceness: int | Literal["auto", "inherit"] = Field(
+    engine_niceness: NicenessSetting = Field(
         "auto",
         description=(
             "The CPU priority of the engine's processes (vLLM's engine core and its workers), set once the engine "

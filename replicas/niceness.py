@@ -49,8 +49,8 @@ class Reniced:
     refused: int
 
 
-def renice_children(niceness: int, pid: int | None = None) -> Reniced:
-    """Set every thread of every descendant of ``pid`` (this process by default) to ``niceness``.
+def renice_children(niceness: int) -> Reniced:
+    """Set every thread of every descendant of this process to ``niceness``.
 
     A thread that ends while it is being set is skipped; one the kernel refuses (lowering a
     niceness without ``CAP_SYS_NICE``) is counted in ``refused``, not raised, since the engine
@@ -59,7 +59,7 @@ def renice_children(niceness: int, pid: int | None = None) -> Reniced:
     import psutil  # vLLM's and Ray's dependency; imported here so the pure core does not need it
 
     threads = refused = 0
-    children = psutil.Process(pid).children(recursive=True)
+    children = psutil.Process().children(recursive=True)
     for child in children:
         try:
             tids = [t.id for t in child.threads()]

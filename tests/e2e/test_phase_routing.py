@@ -58,7 +58,7 @@ def test_the_engines_run_below_the_serving_plane(routed: rel.Deployment) -> None
     tree = psutil.Process(routed.pid).children(recursive=True)
     engines = [p for p in tree if p.name().startswith("VLLM::")]
     serving = [p for p in tree if "ServeReplica:" in " ".join(p.cmdline())]
-    assert len({p.name() for p in engines}) >= 1 and len(engines) >= REPLICAS
+    assert len(engines) >= REPLICAS
     assert len(serving) >= REPLICAS + 1  # the model replicas and the ingress
     assert {psutil.Process(t.id).nice() for p in engines for t in p.threads()} == {19}
     assert {p.nice() for p in serving} == {15}
