@@ -328,8 +328,8 @@ class ReplicaSection(_Section):
     engine_niceness: NicenessSetting = Field(
         "auto",
         description=(
-            "The CPU priority of the engine's processes (vLLM's engine core and its workers), set once the engine "
-            "has started: a niceness from 0 to 19, higher runs later. 'auto': 19 on CPU replicas, where the engine "
+            "The CPU priority of the engine's processes (vLLM's engine core and its workers), set from the "
+            "engine's start on: a niceness from 0 to 19, higher runs later. 'auto': 19 on CPU replicas, where the engine "
             "computes the model on the cores that also route, admit and stream requests, so those get a core as "
             "soon as they ask; unchanged on GPU replicas. 'inherit': unchanged (Ray starts its workers at 15). A "
             "value below the replica's own needs CAP_SYS_NICE; without it the replica logs a warning and serves."

@@ -9,17 +9,24 @@ admission and its tokens wait behind the model's matmuls for a core. Set below t
 niceness), the engine takes whatever CPU the serving plane leaves, and the serving plane gets a core as
 soon as it asks (docs/benchmarks/fleet.md, "Measured on this machine").
 
-Linux keeps a niceness per thread, and a thread or process inherits its creator's: so every thread the
-engine processes have when the replica has started is set, and what they start afterwards (compute
-threads, workers) starts at the same niceness. Raising a niceness needs no privilege; lowering one
+Linux keeps a niceness per thread, and a thread or process inherits its creator's: so once a process of
+the engine is set, what it starts afterwards (compute threads, workers) starts at the same niceness. The
+engine is set while it starts, not only once it has: its start (imports, weights, a profiling run, warm-up)
+is the heaviest CPU work a replica does, and at Ray's 15 a replica starting beside a serving one (a
+replacement after a node loss, a scale-up) would take the cores from the engine that serves, at 19, and
+double the latency of the requests it serves meanwhile (measured on the multi-node test bed,
+``tests/e2e/test_scaleout_default.py``). Raising a niceness needs no privilege; lowering one
 below the current value needs ``CAP_SYS_NICE``, so a setting under Ray's 15 is logged and left where
 the replica could not change it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +34,9 @@ logger = logging.getLogger("ray.serve.ebplus")
 
 #: The engine's niceness on CPU replicas under ``engine_niceness: auto``: the lowest priority there is.
 CPU_ENGINE_NICENESS = 19
+#: How often the engine's processes are set while it starts: a new process runs at Ray's priority until the
+#: next sweep, and each sweep reads every process's parent (``/proc``), a few milliseconds of CPU.
+STARTING_SWEEP_S = 0.25
 
 Setting = int | Literal["auto", "inherit"]
 
@@ -77,10 +87,7 @@ def renice_children(niceness: int) -> Reniced:
 
 
 def apply(setting: Setting, accelerator: str) -> Reniced | None:
-    """Give this replica's engine processes the niceness ``setting`` resolves to; log what was done.
-
-    Called once the engine has started, so its processes and their threads exist.
-    """
+    """Give this replica's engine processes the niceness ``setting`` resolves to; log what was done."""
     niceness = resolve(setting, accelerator)
     if niceness is None:
         return None
@@ -95,3 +102,30 @@ def apply(setting: Setting, accelerator: str) -> Reniced | None:
         )
     logger.info("engine processes at niceness %d: %d threads in %d processes", niceness, done.threads, done.processes)
     return done
+
+
+@contextlib.contextmanager
+def while_starting(setting: Setting, accelerator: str, every_s: float = STARTING_SWEEP_S) -> Iterator[None]:
+    """Set the engine's processes to their niceness while the block starts them, and once more at its end.
+
+    The engine's start blocks the replica's event loop (vLLM builds its client synchronously), so the sweeps
+    run on a thread of their own; the final one, after the block, is :func:`apply`'s, which logs.
+    """
+    niceness = resolve(setting, accelerator)
+    if niceness is None:
+        yield
+        return
+    started = threading.Event()
+
+    def sweep() -> None:
+        while not started.wait(every_s):
+            renice_children(niceness)
+
+    sweeper = threading.Thread(target=sweep, name="ebplus-engine-niceness", daemon=True)
+    sweeper.start()
+    try:
+        yield
+    finally:
+        started.set()
+        sweeper.join()
+    apply(setting, accelerator)

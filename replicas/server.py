@@ -83,8 +83,8 @@ class EBPlusServer(LLMServer):
         await super().__init__(llm_config, **kwargs)
 
     async def start(self) -> None:
-        await super().start()
-        niceness.apply(self._section.engine_niceness, self._section.accelerator)  # its processes exist now
+        with niceness.while_starting(self._section.engine_niceness, self._section.accelerator):
+            await super().start()
         client = self.engine._engine_client
         guard_add_request(client)  # a client gone while its request is added leaves no work behind
         self._budget = OutputBudget.for_engine(client.vllm_config, self._section.max_request_output)

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -101,3 +103,30 @@ def test_inherit_and_gpu_auto_touch_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(niceness, "renice_children", fail)
     assert niceness.apply("inherit", "cpu") is None
     assert niceness.apply("auto", "gpu") is None
+    for setting, accelerator in (("inherit", "cpu"), ("auto", "gpu")):
+        with niceness.while_starting(setting, accelerator, every_s=0.01):
+            time.sleep(0.05)
+
+
+def test_an_engine_is_set_while_it_starts_not_only_once_it_has() -> None:
+    """The replica's start blocks for as long as the engine takes to start; a sweep sets it meanwhile."""
+    if _nice(0) > 16:
+        pytest.skip("this process runs at a niceness its children cannot be raised 3 above")
+    target = _nice(0) + 3
+    with niceness.while_starting(target, "cpu", every_s=0.02):
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+            tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+            deadline = time.monotonic() + 5
+            while any(_nice(t) != target for t in tids) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert [_nice(t) for t in tids] == [target] * len(tids)  # inside the block: the start has not ended
+        finally:
+            child.kill()
+            child.wait()
+    assert not any(t.name == "ebplus-engine-niceness" for t in threading.enumerate())  # the sweeper stops with it
+    assert _nice(0) == target - 3
