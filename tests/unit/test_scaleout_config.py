@@ -81,7 +81,8 @@ def test_the_multinode_test_config_keeps_replicas_off_the_head() -> None:
 
 
 def test_the_default_placement_test_config_pins_nothing() -> None:
-    """tests/e2e/test_scaleout_default.py must run what a user gets by default: only the sizes differ."""
+    """tests/e2e/test_scaleout_default.py must run what a user gets by default: only the sizes differ, and the
+    engines' priority (Ray's, not 19: the emulated nodes share two cores, which a real cluster's do not)."""
     cfg = load_config(ROOT / "tests" / "e2e" / "multinode-default.yaml")
     defaults = parse_config(CPU, "defaults")
     assert not cfg.replicas.resources and not cfg.http.ingress_resources
@@ -89,3 +90,4 @@ def test_the_default_placement_test_config_pins_nothing() -> None:
     assert cfg.http.proxy_location == defaults.http.proxy_location == "EveryNode"
     assert cfg.http.ingress_replicas == defaults.http.ingress_replicas
     assert cfg.http.ingress_num_cpus == defaults.http.ingress_num_cpus
+    assert cfg.replicas.engine_niceness == "inherit" and defaults.replicas.engine_niceness == "auto"
