@@ -7,9 +7,10 @@ puts them, and a proxy on every node (``proxy_location: EveryNode``; the raylets
 127.0.0.1:18200 through SO_REUSEPORT and the kernel spreads connections over the
 proxies, as a Service spreads them over the nodes). Its own small cluster
 (:func:`harness.multinode.start_default_cluster`: a 0-CPU head and two 2-CPU workers)
-and deployment (``tests/e2e/multinode-default.yaml``): the ingress shares a worker with
-a model replica, and that worker is killed under open-loop load, taking the ingress, a
-replica and a proxy at once, the worst single node to lose there.
+and deployment (``tests/e2e/multinode-default.yaml``, two ingress replicas, one on each
+worker): an ingress replica shares a worker with a model replica, and that worker is
+killed under open-loop load, taking an ingress, a replica and a proxy at once, the worst
+single node to lose there.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalClust
 def test_losing_the_ingress_node_under_the_default_placement(
     stack: tuple[LocalCluster, rel.Deployment, rel.Cluster],
 ) -> None:
-    """The worker holding the ingress, a model replica and a proxy is killed: every request in flight at the
+    """The worker holding an ingress, a model replica and a proxy is killed: every request in flight at the
     kill ends within 30 s of it (an answer, or a clear error: a stream ends with an error event and
     [DONE], or complete), nothing is cut silently, requests sent after it succeed, Serve runs a replacement."""
     local, dep, cluster = stack

@@ -81,13 +81,14 @@ def test_the_multinode_test_config_keeps_replicas_off_the_head() -> None:
 
 
 def test_the_default_placement_test_config_pins_nothing() -> None:
-    """tests/e2e/test_scaleout_default.py must run what a user gets by default: only the sizes differ, and the
-    engines' priority (Ray's, not 19: the emulated nodes share two cores, which a real cluster's do not)."""
+    """tests/e2e/test_scaleout_default.py must run what a user gets by default: only the sizes differ, the
+    engines' priority (Ray's, not 19: the emulated nodes share two cores, which a real cluster's do not) and
+    the ingress's replicas (two, so that losing a node does not wait for a new ingress: see the config)."""
     cfg = load_config(ROOT / "tests" / "e2e" / "multinode-default.yaml")
     defaults = parse_config(CPU, "defaults")
     assert not cfg.replicas.resources and not cfg.http.ingress_resources
     assert cfg.controller.placement == defaults.controller.placement and not cfg.controller.resources
     assert cfg.http.proxy_location == defaults.http.proxy_location == "EveryNode"
-    assert cfg.http.ingress_replicas == defaults.http.ingress_replicas
+    assert cfg.http.ingress_replicas == 2 and defaults.http.ingress_replicas == 1
     assert cfg.http.ingress_num_cpus == defaults.http.ingress_num_cpus
     assert cfg.replicas.engine_niceness == "inherit" and defaults.replicas.engine_niceness == "auto"
