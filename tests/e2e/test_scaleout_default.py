@@ -7,8 +7,8 @@ puts them, and a proxy on every node (``proxy_location: EveryNode``; the raylets
 127.0.0.1:18200 through SO_REUSEPORT and the kernel spreads connections over the
 proxies, as a Service spreads them over the nodes). Its own small cluster
 (:func:`harness.multinode.start_default_cluster`: a 0-CPU head and two 2-CPU workers)
-and deployment (``tests/e2e/multinode-default.yaml``, two ingress replicas, one on each
-worker): an ingress replica shares a worker with a model replica, and that worker is
+and deployment (``tests/e2e/multinode-default.yaml``, two ingress replicas, which Serve
+spreads over the workers): an ingress replica shares a worker with a model replica, and that worker is
 killed under open-loop load, taking an ingress, a replica and a proxy at once, the worst
 single node to lose there.
 """
