@@ -106,6 +106,7 @@ def test_inherit_and_gpu_auto_touch_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     for setting, accelerator in (("inherit", "cpu"), ("auto", "gpu")):
         with niceness.while_starting(setting, accelerator, every_s=0.01):
             time.sleep(0.05)
+            assert not any(t.name == "ebplus-engine-niceness" for t in threading.enumerate())  # no sweeper at all
 
 
 def test_an_engine_is_set_while_it_starts_not_only_once_it_has() -> None:
