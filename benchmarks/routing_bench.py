@@ -1,14 +1,15 @@
 """The phase-aware router and staggered windows on a real deployment, against Ray Serve's default router.
 
     python -m benchmarks.routing_bench [--config tests/e2e/routing.yaml]
-                                       [--routers default,phase,phase+unstaggered,phase+inherit]
+                                       [--routers default,phase,phase+unstaggered,phase+inherit,phase+ingress0]
                                        [--rates 4,6.4] [--rounds 3] [--num-prompts 200]
                                        [--out docs/benchmarks/results/routing-real.md]
 
 An arm is a router (the config's ``replicas.routing.router`` replaced), and a suffix after it sets one key
 of the config (:data:`VARIANTS`): ``+unstaggered``, ``controller.stagger: off`` (the config's own setting,
 the default ``on``, otherwise); ``+inherit``, ``replicas.engine_niceness: inherit`` (the engines at the
-replicas' CPU priority instead of below it, the default on these CPU replicas). Each round starts
+replicas' CPU priority instead of below it, the default on these CPU replicas); ``+ingress0``,
+``http.ingress_niceness: 0`` (the ingress, whose routers decide, at niceness 0 instead of Ray's 15). Each round starts
 ``ebplus serve`` once per arm (the order rotates from round to round, so no arm always runs on the fresher
 machine), warms it up, and runs vLLM's serving benchmark (``vllm bench serve``'s code) at each request
 rate: Poisson arrivals of random-token prompts answered to exactly ``--output-len`` tokens. It reports
@@ -45,8 +46,14 @@ FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "total_tok_per_s")
 UNSTAGGERED = "+unstaggered"
 #: An arm's suffix that leaves the engines at the replicas' CPU priority (``replicas.engine_niceness: inherit``).
 INHERIT = "+inherit"
+#: An arm's suffix that starts the ingress, where the routers decide, at niceness 0 (``http.ingress_niceness: 0``).
+INGRESS0 = "+ingress0"
 #: Each suffix an arm may carry, and the key it sets: (section, key, value).
-VARIANTS = {UNSTAGGERED: ("controller", "stagger", "off"), INHERIT: ("replicas", "engine_niceness", "inherit")}
+VARIANTS = {
+    UNSTAGGERED: ("controller", "stagger", "off"),
+    INHERIT: ("replicas", "engine_niceness", "inherit"),
+    INGRESS0: ("http", "ingress_niceness", 0),
+}
 #: The decision-time clocks ``/admin/routing`` reports (``ebplus.deploy.request_router.CLOCKS``), as the summary
 #: names them.
 CLOCK_NAMES = {"decision_us": "wall clock", "decision_cpu_us": "router thread's CPU time"}
@@ -144,7 +151,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
         f"(order rotated), {args.num_prompts} requests a run, prompts {args.input_len} ± {args.range_ratio:.0%} "
         f"tokens answered to {args.output_len} tokens (`--ignore-eos`), Poisson arrivals. "
         f"An arm `ROUTER{UNSTAGGERED}` runs with `controller.stagger: off`, an arm `ROUTER{INHERIT}` with "
-        "`replicas.engine_niceness: inherit`. Median (min–max) over the rounds.",
+        f"`replicas.engine_niceness: inherit`, an arm `ROUTER{INGRESS0}` with `http.ingress_niceness: 0`. "
+        "Median (min–max) over the rounds.",
         "",
         "| rate (req/s) | arm | TTFT p50 (ms) | TTFT p99 (ms) | tokens/s | failed |",
         "|---|---|---|---|---|---|",
@@ -169,16 +177,23 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
             f"windows opened by its timer {spread([s['timer_windows'] for s in seen], ',.0f')} a deployment; "
             f"reason: {seen[0]['reason']}"
         )
-    views = [
-        r["router_view"] for r in rows if r["router_view"] and r["router"] != "default" and r["rate"] == args.rates[0]
-    ]
-    if views:
+    board_arms = [arm for arm in args.routers if arm != "default"]
+    if any(r["router_view"] for r in rows):
         lines += [
             "",
-            "Board router decision time (board lookup included; per deployment, every decision of its warm-up and "
-            f"runs; {len(views)} deployments, {sum(v['decisions'] for v in views):,} decisions, "
-            f"{sum(v['fallbacks'] for v in views):,} of them left to power of two choices for want of a fresh "
-            "board):",
+            "Board router decision time per arm (board lookup included; per deployment, every decision of its "
+            "warm-up and runs; the arms apart, since a suffix can change what the router's thread waits for):",
+        ]
+    for arm in board_arms:
+        views = [
+            r["router_view"] for r in rows if r["router_view"] and r["router"] == arm and r["rate"] == args.rates[0]
+        ]
+        if not views:
+            continue
+        lines += [
+            "",
+            f"`{arm}`: {len(views)} deployments, {sum(v['decisions'] for v in views):,} decisions, "
+            f"{sum(v['fallbacks'] for v in views):,} of them left to power of two choices for want of a fresh board.",
             "",
         ]
         for key, name in CLOCK_NAMES.items():
@@ -193,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROUTING_CONFIG), help="deployment config (two replicas in EB)")
     parser.add_argument("--routers", default=f"default,phase,phase{UNSTAGGERED}", type=lambda s: s.split(","),
-                        help=f"the arms: routers, each with {UNSTAGGERED} for the controller's stagger off or "
-                             f"{INHERIT} for the engines at the replicas' CPU priority")  # fmt: skip
+                        help=f"the arms: routers, each with {UNSTAGGERED} for the controller's stagger off, "
+                             f"{INHERIT} for the engines at the replicas' CPU priority or {INGRESS0} for the "
+                             "ingress at niceness 0")  # fmt: skip
     parser.add_argument("--rates", default="4,6.4", type=lambda s: [float(x) for x in s.split(",")],
                         help="request rates (req/s); the defaults are ~50%% and ~80%% of the config's capacity here")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)

@@ -60,6 +60,18 @@ def request_limits(cfg: ServeConfig) -> dict[str, str]:
     return {"VLLM_MAX_N_SEQUENCES": cap, "VLLM_MAX_COMPLETION_PROMPTS": cap}
 
 
+#: Ray's per-worker niceness: a worker whose environment names one starts at it instead of Ray's 15 (Ray sets it
+#: to 0 for its own job supervisors the same way).
+RAY_WORKER_NICENESS = "RAY_worker_niceness"
+
+
+def ingress_priority(niceness: int | str) -> dict[str, str]:
+    """The ingress processes' environment for ``http.ingress_niceness``: Ray starts a worker at the niceness
+    its environment names, so the ingress runs above Ray's 15 without ``CAP_SYS_NICE`` (a process that was
+    never lowered needs no privilege to stay where it is); ``inherit`` leaves Ray's default."""
+    return {} if niceness == "inherit" else {RAY_WORKER_NICENESS: str(niceness)}
+
+
 def engine_env(cfg: ServeConfig) -> dict[str, str]:
     """Environment of the replica processes: vLLM's start-up settings (ours travel in ``additional_config``)."""
     env = request_limits(cfg)
@@ -183,7 +195,7 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
         ray_actor_options={
             "num_cpus": cfg.http.ingress_num_cpus,
             "resources": dict(cfg.http.ingress_resources),
-            "runtime_env": {"env_vars": limits},
+            "runtime_env": {"env_vars": {**limits, **ingress_priority(cfg.http.ingress_niceness)}},
         },
     )
     options.pop("autoscaling_config", None)

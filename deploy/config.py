@@ -21,6 +21,7 @@ from ebplus.controller.cost_model import ProfileError, resolve_profile
 from ebplus.deploy import sources
 from ebplus.deploy.read_deadline import DEFAULT_READ_DEADLINE_S
 from ebplus.replicas.config import EngineSection, LoraSection, ReplicaSection, SchedulerSection
+from ebplus.replicas.niceness import check_setting as check_niceness
 
 BUILTIN_MODELS = ("builtin:smollm2", "builtin:tiny")
 
@@ -102,6 +103,19 @@ class HttpSection(_Section):
         default_factory=dict,
         description="Custom Ray resources each ingress replica needs (e.g. to keep it on CPU nodes).",
     )
+    ingress_niceness: int | Literal["inherit"] = Field(
+        "inherit",
+        description="The CPU priority Ray starts each ingress replica's process at (Ray's own per-worker setting, "
+        "RAY_worker_niceness, in its runtime_env): a niceness from 0 to 19, higher runs later. The ingress runs "
+        "the request routers: at 0 their decisions run above Ray's other workers (15) and the engines of CPU "
+        "replicas (19) that share their cores. 'inherit': Ray's default for its workers, 15. A niceness below the raylet's own "
+        "needs CAP_SYS_NICE (a raylet at 0 needs none for any value).",
+    )
+
+    @field_validator("ingress_niceness", mode="before")
+    @classmethod
+    def _niceness(cls, value: object) -> object:
+        return check_niceness(value, ("inherit",))
 
 
 class RaySection(_Section):

@@ -16,6 +16,7 @@ from ebplus.controller import theory
 from ebplus.controller.config import CustomResources
 from ebplus.controller.messages import Mode, ThresholdUpdate
 from ebplus.replicas.niceness import Setting as NicenessSetting
+from ebplus.replicas.niceness import check_setting as check_niceness
 from ebplus.replicas.sampling import Sampling
 
 #: The replica variables EB+ Serve sets itself, by the key they come from.
@@ -415,12 +416,10 @@ class ReplicaSection(_Section):
                 raise ValueError(f"env_vars.{name} is set by EB+ Serve from {key}; set that instead")
         return value
 
-    @field_validator("engine_niceness")
+    @field_validator("engine_niceness", mode="before")
     @classmethod
-    def _niceness(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and not 0 <= value <= 19:
-            raise ValueError(f"must be 'auto', 'inherit' or a niceness from 0 to 19, got {value}")
-        return value
+    def _niceness(cls, value: object) -> object:
+        return check_niceness(value, ("auto", "inherit"))
 
     @model_validator(mode="after")
     def _fixed_or_autoscaled(self) -> ReplicaSection:

@@ -40,6 +40,20 @@ CPU_ENGINE_NICENESS = 19
 STARTING_SWEEP_S = 0.25
 
 Setting = int | Literal["auto", "inherit"]
+#: The lowest and highest niceness Linux has (a higher one runs later).
+NICENESS_RANGE = (0, 19)
+
+
+def check_setting(value: object, words: tuple[str, ...]) -> object:
+    """``value`` if it is one of ``words`` or a niceness in :data:`NICENESS_RANGE`; otherwise one error that
+    says what the setting takes (pydantic's own, for a union, would name its internal branches)."""
+    low, high = NICENESS_RANGE
+    if (isinstance(value, str) and value in words) or (
+        isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    ):
+        return value
+    choices = ", ".join(repr(w) for w in words)
+    raise ValueError(f"must be {choices} or a niceness from {low} to {high}, got {value!r}")
 
 
 def resolve(setting: Setting, accelerator: str) -> int | None:

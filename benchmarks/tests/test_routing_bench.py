@@ -28,6 +28,13 @@ def test_an_inherit_arm_is_its_router_with_the_engines_left_at_the_replicas_prio
     assert (phase.replicas.engine_niceness, inherit.replicas.engine_niceness) == ("auto", "inherit")
 
 
+def test_an_ingress0_arm_is_its_router_with_the_ingress_at_niceness_0(tmp_path: Path) -> None:
+    phase = load_config(deployment_config(ROUTING_CONFIG, "phase", tmp_path))
+    ingress0 = load_config(deployment_config(ROUTING_CONFIG, "phase+ingress0", tmp_path))
+    assert ingress0.replicas.routing.router == "phase" and ingress0.replicas.engine_niceness == "auto"
+    assert (phase.http.ingress_niceness, ingress0.http.ingress_niceness) == ("inherit", 0)
+
+
 def _row(arm: str, round_: int, ttft_p99: float, tok: float, on: bool) -> dict:
     view = None if arm == "default" else {
         "decisions": 10, "fallbacks": 1,
@@ -57,10 +64,12 @@ def test_the_summary_sets_each_arm_against_default_and_the_stagger_against_its_a
     assert "| 4 | phase / phase+unstaggered | 1.000 (1.000–1.000) (no difference) | 0.625 (0.625–0.625) | 0.980" in text
     assert "- `phase`: on True; period 0.500 (0.500–0.500) s; windows opened by its timer 7 (7–7)" in text
     assert "- `phase+unstaggered`: on False;" in text
-    # each deployment once (not once per rate), both clocks
-    assert "2 deployments" not in text and "6 deployments, 60 decisions, 6 of them" in text
-    assert "- wall clock: p50 50.0 (50.0–50.0) µs, p99 2,002.0 (2,001.0–2,003.0) µs" in text
-    assert "- router thread's CPU time: p50 40.0 (40.0–40.0) µs, p99 92.0 (91.0–93.0) µs" in text
+    # each deployment once (not once per rate), each arm apart, both clocks
+    assert "2 deployments" not in text and "6 deployments" not in text
+    assert "`phase`: 3 deployments, 30 decisions, 3 of them" in text
+    assert "`phase+unstaggered`: 3 deployments, 30 decisions, 3 of them" in text
+    assert text.count("- wall clock: p50 50.0 (50.0–50.0) µs, p99 2,002.0 (2,001.0–2,003.0) µs") == 2
+    assert text.count("- router thread's CPU time: p50 40.0 (40.0–40.0) µs, p99 92.0 (91.0–93.0) µs") == 2
 
 
 def test_the_stagger_seen_is_the_controllers_decision_and_its_timers_windows_over_every_replica(

@@ -6,6 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import psutil
 import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
@@ -175,3 +176,17 @@ def test_raw_sse_stream(deployment) -> None:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+
+
+def test_the_ingress_runs_at_its_configured_niceness(deployment) -> None:
+    """``http.ingress_niceness: 0`` (e2e.yaml): Ray starts the ingress' process at 0 (its ``RAY_worker_niceness``
+    in the ingress' runtime_env), the model's replica at Ray's 15 and its engine at 19."""
+    tree = psutil.Process(deployment.pid).children(recursive=True)
+    serving = {p: " ".join(p.cmdline()) for p in tree if "ServeReplica:" in " ".join(p.cmdline())}
+    ingress = [p for p, cmd in serving.items() if "EBPlusIngress" in cmd]
+    models = [p for p, cmd in serving.items() if "EBPlusIngress" not in cmd]
+    engines = [p for p in tree if p.name().startswith("VLLM::")]
+    assert ingress and models and engines, serving
+    assert {p.nice() for p in ingress} == {0}
+    assert {p.nice() for p in models} == {15}
+    assert {p.nice() for p in engines} == {19}

@@ -51,6 +51,9 @@ def test_local_is_the_cpu_default() -> None:
         ({"http": {"proxy_location": "Everywhere"}}, "http.proxy_location: Input should be 'EveryNode'"),
         ({"replicas": {"routing": {"router": "p2c"}}}, "replicas.routing.router: Input should be 'default'"),
         ({"replicas": {"routing": {"stale_s": 0.15}}}, "stale_s (0.15) must exceed two board intervals (0.2)"),
+        ({"http": {"ingress_niceness": 20}}, "http.ingress_niceness: must be 'inherit' or a niceness from 0 to 19"),
+        ({"http": {"ingress_niceness": "auto"}}, "http.ingress_niceness: must be 'inherit' or a niceness from 0"),
+        ({"replicas": {"engine_niceness": "x"}}, "replicas.engine_niceness: must be 'auto', 'inherit' or a niceness"),
     ],
 )
 def test_invalid_configs_name_the_field(data: dict, needle: str) -> None:
@@ -176,3 +179,14 @@ def test_runtime_env_may_not_set_what_eb_sets() -> None:
         parse_config({"replicas": {"runtime_env": {"env_vars": {"VLLM_MAX_N_SEQUENCES": "4"}}}})
     with pytest.raises(ConfigError, match="must map names to strings"):
         parse_config({"replicas": {"runtime_env": {"env_vars": {"X": 1}}}})
+
+
+def test_the_ingress_niceness_reaches_ray_as_its_per_worker_setting() -> None:
+    """``http.ingress_niceness`` travels in the ingress' runtime_env as Ray's ``RAY_worker_niceness`` (the live
+    check, that Ray starts the process there: ``tests/e2e/test_serving.py``); ``inherit`` adds nothing."""
+    from ebplus.deploy.app import ingress_priority
+
+    assert parse_config({}).http.ingress_niceness == "inherit" and ingress_priority("inherit") == {}
+    assert ingress_priority(parse_config({"http": {"ingress_niceness": 0}}).http.ingress_niceness) == {
+        "RAY_worker_niceness": "0"
+    }
