@@ -67,8 +67,9 @@ RAY_WORKER_NICENESS = "RAY_worker_niceness"
 
 def ingress_priority(niceness: int | str) -> dict[str, str]:
     """The ingress processes' environment for ``http.ingress_niceness``: Ray starts a worker at the niceness
-    its environment names, so the ingress runs above Ray's 15 without ``CAP_SYS_NICE`` (a process that was
-    never lowered needs no privilege to stay where it is); ``inherit`` leaves Ray's default."""
+    its environment names, which needs no ``CAP_SYS_NICE`` unless it is below the raylet's own (0 on a
+    default host or pod), so the ingress can run above Ray's 15 unprivileged; ``inherit`` leaves Ray's
+    default."""
     return {} if niceness == "inherit" else {RAY_WORKER_NICENESS: str(niceness)}
 
 

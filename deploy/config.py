@@ -105,11 +105,12 @@ class HttpSection(_Section):
     )
     ingress_niceness: int | Literal["inherit"] = Field(
         "inherit",
-        description="The CPU priority Ray starts each ingress replica's process at (Ray's own per-worker setting, "
-        "RAY_worker_niceness, in its runtime_env): a niceness from 0 to 19, higher runs later. The ingress runs "
-        "the request routers: at 0 their decisions run above Ray's other workers (15) and the engines of CPU "
-        "replicas (19) that share their cores. 'inherit': Ray's default for its workers, 15. A niceness below the raylet's own "
-        "needs CAP_SYS_NICE (a raylet at 0 needs none for any value).",
+        description="The CPU priority Ray starts each ingress replica's process at (Ray's own per-worker "
+        "setting, RAY_worker_niceness, in its runtime_env): a niceness from 0 to 19, higher runs later. The "
+        "ingress runs the request routers: at 0 their decisions run above Ray's other workers (15) and the "
+        "engines of CPU replicas (19) that share their cores, which on a host whose cores the engines keep busy "
+        "costs the engines' throughput (docs/configuration.md). 'inherit': Ray's default for its workers, 15. "
+        "A niceness below the raylet's own needs CAP_SYS_NICE (a raylet at 0 needs none for any value).",
     )
 
     @field_validator("ingress_niceness", mode="before")

@@ -40,7 +40,8 @@ CPU_ENGINE_NICENESS = 19
 STARTING_SWEEP_S = 0.25
 
 Setting = int | Literal["auto", "inherit"]
-#: The lowest and highest niceness Linux has (a higher one runs later).
+#: The niceness a setting may name: from Linux's default, 0, to its lowest priority, 19 (below 0 always needs
+#: ``CAP_SYS_NICE``).
 NICENESS_RANGE = (0, 19)
 
 
