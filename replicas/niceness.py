@@ -32,17 +32,17 @@ from typing import Literal
 
 logger = logging.getLogger("ray.serve.ebplus")
 
+#: The niceness a setting may name: from Linux's default, 0, to its lowest priority, 19 (below 0 always needs
+#: ``CAP_SYS_NICE``).
+NICENESS_RANGE = (0, 19)
 #: The engine's niceness on CPU replicas under ``engine_niceness: auto``: the lowest priority there is.
-CPU_ENGINE_NICENESS = 19
+CPU_ENGINE_NICENESS = NICENESS_RANGE[1]
 #: How often the engine's processes are set while it starts: a new process runs at Ray's priority until the
 #: next sweep, and each sweep reads every process's parent (``/proc``): 1.3 ms of CPU with 82 processes on
 #: the 2-core test machine, more on a busier host.
 STARTING_SWEEP_S = 0.25
 
 Setting = int | Literal["auto", "inherit"]
-#: The niceness a setting may name: from Linux's default, 0, to its lowest priority, 19 (below 0 always needs
-#: ``CAP_SYS_NICE``).
-NICENESS_RANGE = (0, 19)
 
 
 def check_setting(value: object, words: tuple[str, ...]) -> object:
