@@ -1,7 +1,8 @@
 """The phase-aware router and staggered windows on a real deployment, against Ray Serve's default router.
 
     python -m benchmarks.routing_bench [--config tests/e2e/routing.yaml]
-                                       [--routers default,phase,phase+unstaggered,phase+inherit,phase+ingress0]
+                                       [--routers default,phase,phase+unstaggered,phase+inherit,phase+ingress0,
+                                                  phase+routerinherit]
                                        [--rates 4,6.4] [--rounds 3] [--num-prompts 200]
                                        [--out docs/benchmarks/results/routing-real.md]
 
@@ -9,7 +10,9 @@ An arm is a router (the config's ``replicas.routing.router`` replaced), and a su
 of the config (:data:`VARIANTS`): ``+unstaggered``, ``controller.stagger: off`` (the config's own setting,
 the default ``on``, otherwise); ``+inherit``, ``replicas.engine_niceness: inherit`` (the engines at the
 replicas' CPU priority instead of below it, the default on these CPU replicas); ``+ingress0``,
-``http.ingress_niceness: 0`` (the ingress, whose routers decide, at niceness 0 instead of Ray's 15). Each round starts
+``http.ingress_niceness: 0`` (the ingress, whose routers decide, at niceness 0 instead of Ray's 15);
+``+routerinherit``, ``http.router_niceness: inherit`` (the routers' thread at the ingress's niceness instead of
+0). Each round starts
 ``ebplus serve`` once per arm (the order rotates from round to round, so no arm always runs on the fresher
 machine), warms it up, and runs vLLM's serving benchmark (``vllm bench serve``'s code) at each request
 rate: Poisson arrivals of random-token prompts answered to exactly ``--output-len`` tokens. It reports
@@ -48,11 +51,14 @@ UNSTAGGERED = "+unstaggered"
 INHERIT = "+inherit"
 #: An arm's suffix that starts the ingress, where the routers decide, at niceness 0 (``http.ingress_niceness: 0``).
 INGRESS0 = "+ingress0"
+#: An arm's suffix that leaves the routers' thread at the ingress's niceness (``http.router_niceness: inherit``).
+ROUTER_INHERIT = "+routerinherit"
 #: Each suffix an arm may carry, and the key it sets: (section, key, value).
 VARIANTS = {
     UNSTAGGERED: ("controller", "stagger", "off"),
     INHERIT: ("replicas", "engine_niceness", "inherit"),
     INGRESS0: ("http", "ingress_niceness", 0),
+    ROUTER_INHERIT: ("http", "router_niceness", "inherit"),
 }
 #: The decision-time clocks ``/admin/routing`` reports (``ebplus.deploy.request_router.CLOCKS``), as the summary
 #: names them.
@@ -151,7 +157,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
         f"(order rotated), {args.num_prompts} requests a run, prompts {args.input_len} ± {args.range_ratio:.0%} "
         f"tokens answered to {args.output_len} tokens (`--ignore-eos`), Poisson arrivals. "
         f"An arm `ROUTER{UNSTAGGERED}` runs with `controller.stagger: off`, an arm `ROUTER{INHERIT}` with "
-        f"`replicas.engine_niceness: inherit`, an arm `ROUTER{INGRESS0}` with `http.ingress_niceness: 0`. "
+        f"`replicas.engine_niceness: inherit`, an arm `ROUTER{INGRESS0}` with `http.ingress_niceness: 0`, an arm "
+        f"`ROUTER{ROUTER_INHERIT}` with `http.router_niceness: inherit`. "
         "Median (min–max) over the rounds.",
         "",
         "| rate (req/s) | arm | TTFT p50 (ms) | TTFT p99 (ms) | tokens/s | failed |",
@@ -190,10 +197,12 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
         ]
         if not views:
             continue
+        threads = sorted({"the ingress's" if v.get("thread") is None else str(v["thread"]["niceness"]) for v in views})
         lines += [
             "",
             f"`{arm}`: {len(views)} deployments, {sum(v['decisions'] for v in views):,} decisions, "
-            f"{sum(v['fallbacks'] for v in views):,} of them left to power of two choices for want of a fresh board.",
+            f"{sum(v['fallbacks'] for v in views):,} of them left to power of two choices for want of a fresh board; "
+            f"the routers' thread at niceness {'/'.join(threads)} (``http.router_niceness``).",
             "",
         ]
         for key, name in CLOCK_NAMES.items():

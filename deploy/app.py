@@ -20,6 +20,7 @@ from typing import Any
 
 from ebplus.deploy import sources
 from ebplus.deploy.config import ServeConfig, parse_config
+from ebplus.deploy.priority import ingress_env
 from ebplus.replicas import settings
 from ebplus.replicas.settings import SCHEDULER_CLS
 
@@ -58,19 +59,6 @@ def request_limits(cfg: ServeConfig) -> dict[str, str]:
     """
     cap = str(cfg.engine.max_num_seqs)
     return {"VLLM_MAX_N_SEQUENCES": cap, "VLLM_MAX_COMPLETION_PROMPTS": cap}
-
-
-#: Ray's per-worker niceness: a worker whose environment names one starts at it instead of Ray's 15 (Ray sets it
-#: to 0 for its own job supervisors the same way).
-RAY_WORKER_NICENESS = "RAY_worker_niceness"
-
-
-def ingress_priority(niceness: int | str) -> dict[str, str]:
-    """The ingress processes' environment for ``http.ingress_niceness``: Ray starts a worker at the niceness
-    its environment names, which needs no ``CAP_SYS_NICE`` unless it is below the raylet's own (0 on a
-    default host or pod), so the ingress can run above Ray's 15 unprivileged; ``inherit`` leaves Ray's
-    default."""
-    return {} if niceness == "inherit" else {RAY_WORKER_NICENESS: str(niceness)}
 
 
 def engine_env(cfg: ServeConfig) -> dict[str, str]:
@@ -171,7 +159,8 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
 
     start_controller_for(cfg)
     models = cfg.models()
-    if any(m.replicas.routing.uses_board for m in models):
+    board_routers = any(m.replicas.routing.uses_board for m in models)
+    if board_routers:
         from ebplus.replicas.board import ensure_board
 
         ensure_board()
@@ -189,6 +178,7 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
     auth = cfg.auth
     # the ingress parses every model's requests: the largest model's fan-out limits (each replica has its own)
     limits = max((request_limits(m) for m in models), key=lambda env: int(env["VLLM_MAX_N_SEQUENCES"]))
+    priority = ingress_env(cfg.http.ingress_niceness, cfg.http.router_niceness, board_routers)
     options = EBPlusIngress.get_deployment_options(list(llms.values()))
     options.update(
         name="EBPlusIngress",
@@ -196,7 +186,7 @@ def build(cfg: ServeConfig, model_sources: Mapping[str, str] | None = None):
         ray_actor_options={
             "num_cpus": cfg.http.ingress_num_cpus,
             "resources": dict(cfg.http.ingress_resources),
-            "runtime_env": {"env_vars": {**limits, **ingress_priority(cfg.http.ingress_niceness)}},
+            "runtime_env": {"env_vars": {**limits, **priority}},
         },
     )
     options.pop("autoscaling_config", None)

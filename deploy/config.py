@@ -110,10 +110,19 @@ class HttpSection(_Section):
         "ingress runs the request routers: at 0 their decisions run above Ray's other workers (15) and the "
         "engines of CPU replicas (19) that share their cores, which on a host whose cores the engines keep busy "
         "costs the engines' throughput (docs/configuration.md). 'inherit': Ray's default for its workers, 15. "
-        "A niceness below the raylet's own needs CAP_SYS_NICE (a raylet at 0 needs none for any value).",
+        "Ray adds it to the raylet's own niceness (0 on a default host or pod), so no value needs a privilege.",
+    )
+    router_niceness: int | Literal["inherit"] = Field(
+        0,
+        description="The CPU priority of the thread each ingress replica's request routers decide on, where a "
+        "model routes with phase or least-loaded: a niceness from 0 to 19, added to the raylet's like "
+        "ingress_niceness; the ingress's other threads stay at ingress_niceness. A decision takes tens of "
+        "microseconds of CPU, and at the ingress's priority it waited milliseconds for a core on a host whose "
+        "engines keep the cores busy (docs/configuration.md). 'inherit': the ingress's niceness. Ray's default "
+        "router (router: default) is left as Ray runs it.",
     )
 
-    @field_validator("ingress_niceness", mode="before")
+    @field_validator("ingress_niceness", "router_niceness", mode="before")
     @classmethod
     def _niceness(cls, value: object) -> object:
         return check_niceness(value, ("inherit",))

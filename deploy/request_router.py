@@ -36,6 +36,7 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, Reque
 
 from ebplus.controller.messages import PhaseReport, RoutingHints, WireError, decode
 from ebplus.deploy import routing
+from ebplus.deploy.priority import RouterThread, prioritize_router_thread
 from ebplus.deploy.routing import PhaseAware, PhaseBoard, make_router
 from ebplus.replicas.board import WATCH_TIMEOUT_S, get_board
 
@@ -95,6 +96,8 @@ class BoardRouter(FIFOMixin, RequestRouter):
         self.timings: dict[str, deque[float]] = {name: deque(maxlen=TIMINGS) for name in CLOCKS}
         self._order: tuple[str, ...] = ()
         self._watching: asyncio.Task | None = None
+        self.thread: RouterThread | None = None
+        self._thread_set = False
         routing.LIVE.add(self)
         with contextlib.suppress(RuntimeError):  # Serve makes it on the router's loop: boards before the first request
             self._ensure_watching()
@@ -109,6 +112,9 @@ class BoardRouter(FIFOMixin, RequestRouter):
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
         self._ensure_watching()
+        if not self._thread_set:  # here, not in initialize_state: this is surely the routers' thread
+            self._thread_set = True
+            self.thread = prioritize_router_thread()
         started = {name: clock() for name, clock in CLOCKS.items()}
         if not candidate_replicas:
             return []
@@ -240,6 +246,7 @@ class BoardRouter(FIFOMixin, RequestRouter):
             "decisions": self.decisions,
             "fallbacks": self.fallbacks,
             "refused_reports": self.refused,
+            "thread": None if self.thread is None else {"id": self.thread.native_id, "niceness": self.thread.niceness},
             **{name: percentiles_us(times) for name, times in self.timings.items()},
             "boards": boards,
         }

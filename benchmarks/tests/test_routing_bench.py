@@ -8,6 +8,8 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+
 from benchmarks.routing_bench import deployment_config, markdown, stagger_seen
 from ebplus.deploy.config import load_config
 from harness import Deployment
@@ -28,11 +30,19 @@ def test_an_inherit_arm_is_its_router_with_the_engines_left_at_the_replicas_prio
     assert (phase.replicas.engine_niceness, inherit.replicas.engine_niceness) == ("auto", "inherit")
 
 
-def test_an_ingress0_arm_is_its_router_with_the_ingress_at_niceness_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("arm", "key", "default", "value"),
+    [("phase+ingress0", "ingress_niceness", "inherit", 0), ("phase+routerinherit", "router_niceness", 0, "inherit")],
+)
+def test_an_http_niceness_arm_is_its_router_with_that_one_setting_changed(
+    tmp_path: Path, arm: str, key: str, default: object, value: object
+) -> None:
     phase = load_config(deployment_config(ROUTING_CONFIG, "phase", tmp_path))
-    ingress0 = load_config(deployment_config(ROUTING_CONFIG, "phase+ingress0", tmp_path))
-    assert ingress0.replicas.routing.router == "phase" and ingress0.replicas.engine_niceness == "auto"
-    assert (phase.http.ingress_niceness, ingress0.http.ingress_niceness) == ("inherit", 0)
+    changed = load_config(deployment_config(ROUTING_CONFIG, arm, tmp_path))
+    assert changed.replicas.routing.router == "phase" and changed.replicas.engine_niceness == "auto"
+    assert (getattr(phase.http, key), getattr(changed.http, key)) == (default, value)
+    others = {k: v for k, v in changed.http.model_dump().items() if k != key}
+    assert others == {k: v for k, v in phase.http.model_dump().items() if k != key}
 
 
 def _row(arm: str, round_: int, ttft_p99: float, tok: float, on: bool) -> dict:
@@ -40,6 +50,7 @@ def _row(arm: str, round_: int, ttft_p99: float, tok: float, on: bool) -> dict:
         "decisions": 10, "fallbacks": 1,
         "decision_us": {"p50": 50.0, "p99": 2000.0 + round_, "n": 10},
         "decision_cpu_us": {"p50": 40.0, "p99": 90.0 + round_, "n": 10},
+        "thread": None if arm.endswith("+routerinherit") else {"id": 7, "niceness": 0},
     }  # fmt: skip
     return {
         "router": arm, "rate": 4.0, "round": round_, "failed": 0, "ttft_p50_ms": 100.0, "ttft_p99_ms": ttft_p99,
@@ -66,7 +77,7 @@ def test_the_summary_sets_each_arm_against_default_and_the_stagger_against_its_a
     assert "- `phase+unstaggered`: on False;" in text
     # each deployment once (not once per rate), each arm apart, both clocks
     assert "2 deployments" not in text and "6 deployments" not in text
-    assert "`phase`: 3 deployments, 30 decisions, 3 of them" in text
+    assert "`phase`: 3 deployments, 30 decisions, 3 of them" in text and "thread at niceness 0 (" in text
     assert "`phase+unstaggered`: 3 deployments, 30 decisions, 3 of them" in text
     assert text.count("- wall clock: p50 50.0 (50.0–50.0) µs, p99 2,002.0 (2,001.0–2,003.0) µs") == 2
     assert text.count("- router thread's CPU time: p50 40.0 (40.0–40.0) µs, p99 92.0 (91.0–93.0) µs") == 2
@@ -116,3 +127,18 @@ def test_the_summary_sets_an_inherit_arm_against_its_router_at_the_default_prior
     text = "\n".join(markdown(rows, args, "cmd", 60.0))
     assert "| 4 | phase / phase+inherit | 1.000 (1.000–1.000) (no difference) | 0.500 (0.500–0.500) |" in text
     assert "an arm `ROUTER+inherit` with `replicas.engine_niceness: inherit`" in text
+
+
+def test_the_summary_says_where_each_arms_router_thread_ran() -> None:
+    rows = [
+        row
+        for r in (1, 2)
+        for row in (_row("phase", r, 500.0, 100.0, True), _row("phase+routerinherit", r, 900.0, 100.0, True))
+    ]
+    args = argparse.Namespace(rounds=2, num_prompts=10, input_len=8, output_len=8, range_ratio=0.5, rates=[4.0],
+                              routers=["phase", "phase+routerinherit"])  # fmt: skip
+    text = "\n".join(markdown(rows, args, "cmd", 60.0))
+    assert "an arm `ROUTER+routerinherit` with `http.router_niceness: inherit`" in text
+    assert "`phase`: 2 deployments, 20 decisions, 2 of them left to power of two choices for want of a fresh " \
+        "board; the routers' thread at niceness 0 (" in text  # fmt: skip
+    assert "`phase+routerinherit`: 2 deployments" in text and "thread at niceness the ingress's (" in text

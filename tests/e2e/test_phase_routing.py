@@ -64,6 +64,21 @@ def test_the_engines_run_below_the_serving_plane(routed: rel.Deployment) -> None
     assert {p.nice() for p in serving} == {15}
 
 
+def test_the_routers_thread_runs_above_the_rest_of_the_ingress(routed: rel.Deployment) -> None:
+    """``http.router_niceness: 0`` (its default) with the ingress at Ray's 15: Ray starts the ingress at 0, and
+    the router's first decision leaves its own thread there and raises the rest of the process to 15."""
+    asyncio.run(run_load(routed, requests=2, concurrency=2, max_tokens=4))  # a decision, if none came before
+    thread = router_view(routed)["thread"]
+    tree = psutil.Process(routed.pid).children(recursive=True)
+    ingress = [p for p in tree if "EBPlusIngress" in " ".join(p.cmdline())]
+    assert len(ingress) == 1 and thread is not None
+    nice = {t.id: psutil.Process(t.id).nice() for t in ingress[0].threads()}
+    assert nice[thread["id"]] == thread["niceness"] == 0
+    assert ingress[0].nice() == 15  # its main thread
+    # at 0: the router's thread and what it started since (its loop's executor)
+    assert sum(n == 15 for n in nice.values()) > 2 * sum(n == 0 for n in nice.values()), nice
+
+
 @pytest.mark.timeout(420)
 def test_losing_the_board_actor_under_load_fails_no_request(routed: rel.Deployment) -> None:
     with rel.Cluster(routed) as cluster:

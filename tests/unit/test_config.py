@@ -54,6 +54,7 @@ def test_local_is_the_cpu_default() -> None:
         ({"http": {"ingress_niceness": 20}}, "http.ingress_niceness: must be 'inherit' or a niceness from 0 to 19"),
         ({"http": {"ingress_niceness": "auto"}}, "http.ingress_niceness: must be 'inherit' or a niceness from 0"),
         ({"replicas": {"engine_niceness": "x"}}, "replicas.engine_niceness: must be 'auto', 'inherit' or a niceness"),
+        ({"http": {"router_niceness": -1}}, "http.router_niceness: must be 'inherit' or a niceness from 0 to 19"),
     ],
 )
 def test_invalid_configs_name_the_field(data: dict, needle: str) -> None:
@@ -183,10 +184,13 @@ def test_runtime_env_may_not_set_what_eb_sets() -> None:
 
 def test_the_ingress_niceness_reaches_ray_as_its_per_worker_setting() -> None:
     """``http.ingress_niceness`` travels in the ingress' runtime_env as Ray's ``RAY_worker_niceness`` (the live
-    check, that Ray starts the process there: ``tests/e2e/test_serving.py``); ``inherit`` adds nothing."""
-    from ebplus.deploy.app import ingress_priority
+    check, that Ray starts the process there: ``tests/e2e/test_serving.py``); ``inherit`` adds nothing. The
+    routers' thread's setting (``tests/unit/test_priority.py``) adds to it only where a board router runs."""
+    from ebplus.deploy.priority import ingress_env
 
-    assert parse_config({}).http.ingress_niceness == "inherit" and ingress_priority("inherit") == {}
-    assert ingress_priority(parse_config({"http": {"ingress_niceness": 0}}).http.ingress_niceness) == {
+    http = parse_config({}).http
+    assert (http.ingress_niceness, http.router_niceness) == ("inherit", 0)
+    assert ingress_env(http.ingress_niceness, http.router_niceness, board_routers=False) == {}
+    assert ingress_env(parse_config({"http": {"ingress_niceness": 0}}).http.ingress_niceness, 0, False) == {
         "RAY_worker_niceness": "0"
     }
