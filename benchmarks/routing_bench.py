@@ -197,12 +197,13 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, wall_s: f
         ]
         if not views:
             continue
-        threads = sorted({"the ingress's" if v.get("thread") is None else str(v["thread"]["niceness"]) for v in views})
+        threads = sorted({"the ingress's niceness" if v.get("thread") is None else f"niceness {v['thread']['niceness']}"
+                          for v in views})  # fmt: skip
         lines += [
             "",
             f"`{arm}`: {len(views)} deployments, {sum(v['decisions'] for v in views):,} decisions, "
             f"{sum(v['fallbacks'] for v in views):,} of them left to power of two choices for want of a fresh board; "
-            f"the routers' thread at niceness {'/'.join(threads)} (``http.router_niceness``).",
+            f"the routers' thread at {' / '.join(threads)} (`http.router_niceness`).",
             "",
         ]
         for key, name in CLOCK_NAMES.items():

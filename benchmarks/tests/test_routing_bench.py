@@ -141,4 +141,4 @@ def test_the_summary_says_where_each_arms_router_thread_ran() -> None:
     assert "an arm `ROUTER+routerinherit` with `http.router_niceness: inherit`" in text
     assert "`phase`: 2 deployments, 20 decisions, 2 of them left to power of two choices for want of a fresh " \
         "board; the routers' thread at niceness 0 (" in text  # fmt: skip
-    assert "`phase+routerinherit`: 2 deployments" in text and "thread at niceness the ingress's (" in text
+    assert "`phase+routerinherit`: 2 deployments" in text and "thread at the ingress's niceness (" in text
