@@ -106,10 +106,11 @@ class HttpSection(_Section):
     ingress_niceness: int | Literal["inherit"] = Field(
         "inherit",
         description="The CPU priority Ray starts each ingress replica's process at (Ray's own per-worker "
-        "setting, RAY_worker_niceness, in its runtime_env): a niceness from 0 to 19, higher runs later. The "
-        "ingress runs the request routers: at 0 their decisions run above Ray's other workers (15) and the "
-        "engines of CPU replicas (19) that share their cores, which on a host whose cores the engines keep busy "
-        "costs the engines' throughput (docs/configuration.md). 'inherit': Ray's default for its workers, 15. "
+        "setting, RAY_worker_niceness, in its runtime_env): a niceness from 0 to 19, higher runs later. At 0 "
+        "the whole ingress, its token streaming included, runs above Ray's other workers (15) and the engines of "
+        "CPU replicas (19) that share their cores, which on a host whose cores the engines keep busy costs the "
+        "engines' throughput (docs/configuration.md); router_niceness raises the routers' thread alone. "
+        "'inherit': Ray's default for its workers, 15. "
         "Ray adds it to the raylet's own niceness (0 on a default host or pod), so no value needs a privilege.",
     )
     router_niceness: int | Literal["inherit"] = Field(
