@@ -52,9 +52,15 @@ def test_requests_are_routed_by_the_replicas_phase_boards(routed: rel.Deployment
     assert view["decision_us"]["n"] >= decided
 
 
+def _decided(dep: rel.Deployment) -> None:
+    """A routing decision, if none came before: the router's first one sets the ingress's threads' niceness."""
+    asyncio.run(run_load(dep, requests=2, concurrency=2, max_tokens=4))
+
+
 def test_the_engines_run_below_the_serving_plane(routed: rel.Deployment) -> None:
     """``replicas.engine_niceness: auto`` on CPU replicas: every thread of both engines (vLLM's engine core and
     its workers, what they started since included) at 19; the replicas and the ingress at Ray's 15."""
+    _decided(routed)
     tree = psutil.Process(routed.pid).children(recursive=True)
     engines = [p for p in tree if p.name().startswith("VLLM::")]
     serving = [p for p in tree if "ServeReplica:" in " ".join(p.cmdline())]
@@ -67,7 +73,7 @@ def test_the_engines_run_below_the_serving_plane(routed: rel.Deployment) -> None
 def test_the_routers_thread_runs_above_the_rest_of_the_ingress(routed: rel.Deployment) -> None:
     """``http.router_niceness: 0`` (its default) with the ingress at Ray's 15: Ray starts the ingress at 0, and
     the router's first decision leaves its own thread there and raises the rest of the process to 15."""
-    asyncio.run(run_load(routed, requests=2, concurrency=2, max_tokens=4))  # a decision, if none came before
+    _decided(routed)
     thread = router_view(routed)["thread"]
     tree = psutil.Process(routed.pid).children(recursive=True)
     ingress = [p for p in tree if "EBPlusIngress" in " ".join(p.cmdline())]
