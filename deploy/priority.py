@@ -113,9 +113,10 @@ def _prioritize(router: int, rest: int, environ: Mapping[str, str]) -> RouterThr
         logger.warning("http.router_niceness: the routers share the ingress's loop (%s=0): left at the ingress's "
                        "niceness", SEPARATE_ROUTER_LOOP_ENV)  # fmt: skip
         router = rest
-    raised = sum(_raise(int(tid), min(top, raylet + rest)) for tid in os.listdir("/proc/self/task") if int(tid) != me)
+    others = min(top, raylet + rest)
+    raised = sum(_raise(int(tid), others) for tid in os.listdir("/proc/self/task") if int(tid) != me)
     _raise(me, min(top, raylet + router))
     niceness = _niceness(me)
     logger.info("request router thread %d at niceness %d; %d other ingress threads raised to %d",
-                me, niceness, raised, min(top, raylet + rest))  # fmt: skip
+                me, niceness, raised, others)  # fmt: skip
     return RouterThread(me, niceness, raised)
