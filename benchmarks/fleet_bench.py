@@ -114,7 +114,8 @@ def run_cell(cell: Cell) -> list[Run]:
         fleet = FleetSimulator([resolve_profile(cell.profile)], reqs, config, cell.replicas, router)
         result = fleet.run()
         data = result.as_json()
-        first_plan_s = next((d.at for d in fleet.controller.history if d.plan is not None), None)
+        history = fleet.controller.history if fleet.controller is not None else []  # an MB fleet has no controller
+        first_plan_s = next((d.at for d in history if d.plan is not None), None)
         runs.append(Run(cell, name, data["ttft_p50_s"], data["ttft_p99_s"], data["tok_per_s"],
                         data["windows_short_share"], time.perf_counter() - started,
                         result.fleet.loaded_tok_per_s(), *warm_ttft_p99(result.fleet, first_plan_s)))  # fmt: skip

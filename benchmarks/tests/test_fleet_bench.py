@@ -81,3 +81,11 @@ def test_the_cold_threshold_is_the_controllers_and_changes_what_the_fleet_runs_b
     cell = fleet_bench.Cell("h200", "capped-uniform", 2, 0.8, "poisson", "eb", 3, per_replica=150)
     default, low = (fleet_bench.run_cell(c)[0] for c in (cell, replace(cell, theta_cold=0.01)))
     assert low.ttft_p99_s != default.ttft_p99_s  # the cold start ran on another k
+
+
+def test_an_mb_fleet_has_no_controller_and_so_no_cold_start() -> None:
+    runs = fleet_bench.run_cell(fleet_bench.Cell("h200", "paper", 2, 0.8, "poisson", "mb", 3, per_replica=100))
+    assert [r.router for r in runs] == ["default", "least-loaded", "phase"]
+    assert all(r.tok_per_s > 0 and r.ttft_p99_warm_s is None and r.cold_share is None for r in runs)
+    row = next(line for line in fleet_bench.markdown(runs, "test", 1.0) if line.startswith("| h200 | paper | 2 |"))
+    assert row.endswith("| – | – |")  # no first plan: no warm p99, no cold share
