@@ -90,6 +90,9 @@ class Run:
     loaded_tok_per_s: float | None = None  # SimResult.loaded_tok_per_s (None in tables written before it)
     ttft_p99_warm_s: float | None = None  # TTFT p99 of the requests that arrived after the controller's first plan
     cold_share: float | None = None  # the share of the arrivals before the controller's first plan
+    #: seconds between the first and the last replica's last step: how unevenly the fleet drained
+    drain_spread_s: float | None = None
+    tpot_p99_s: float | None = None  # time per output token, p99 over the requests
 
 
 @cache
@@ -116,9 +119,11 @@ def run_cell(cell: Cell) -> list[Run]:
         data = result.as_json()
         history = fleet.controller.history if fleet.controller is not None else []  # an MB fleet has no controller
         first_plan_s = next((d.at for d in history if d.plan is not None), None)
+        ends = [sim.now for sim in fleet.replicas]
         runs.append(Run(cell, name, data["ttft_p50_s"], data["ttft_p99_s"], data["tok_per_s"],
                         data["windows_short_share"], time.perf_counter() - started,
-                        result.fleet.loaded_tok_per_s(), *warm_ttft_p99(result.fleet, first_plan_s)))  # fmt: skip
+                        result.fleet.loaded_tok_per_s(), *warm_ttft_p99(result.fleet, first_plan_s),
+                        max(ends) - min(ends), data["tpot_p99_s"]))  # fmt: skip
     return runs
 
 
@@ -174,15 +179,17 @@ def markdown(runs: list[Run], command: str, wall_s: float) -> list[str]:
     lines = [
         f"Written by `{command}` in {wall_s / 60:.1f} min; seeds {', '.join(map(str, seeds))}; medians over the "
         "seeds (min–max). TTFT in seconds; *ratio* is the phase router's over the default router's, per seed, "
-        "then the median.",
+        "then the median. *Drain spread*: the seconds between the first and the last replica's last step (medians); "
+        "*TPOT*: time per output token.",
         "",
         "| profile | workload | R | load | arrivals | policy | TTFT p99 default | least-loaded | phase | p99 ratio "
         "| TTFT p50 default | phase | tok/s ratio | loaded tok/s ratio | phase windows < k | warm p99 ratio "
-        "| cold arrivals |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| cold arrivals | drain spread default / phase (s) | TPOT p99 ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     met = []
     short: dict[str, list[str]] = {"tok_per_s": [], "loaded_tok_per_s": []}
+    short_runs: dict[str, list[str]] = {name: [] for name in ROUTERS}
     for key, by in sorted(groups.items()):
         d, ll, ph = by["default"], by["least-loaded"], by["phase"]
         p99 = [p.ttft_p99_s / q.ttft_p99_s for p, q in zip(ph, d, strict=True)]
@@ -195,8 +202,16 @@ def markdown(runs: list[Run], command: str, wall_s: float) -> list[str]:
             f"| {np.median(p99):.2f} | {_med([r.ttft_p50_s for r in d])} | {_med([r.ttft_p50_s for r in ph])} "
             f"| {np.median(tps):.3f} | {_median_or_dash(loaded, '.3f')} | {f'{np.median(windows):.0%}' if windows else '–'} "
             f"| {_median_or_dash([_over(p, q, 'ttft_p99_warm_s') for p, q in zip(ph, d, strict=True)], '.2f')} "
-            f"| {_median_or_dash([r.cold_share for r in ph], '.1%')} |"
+            f"| {_median_or_dash([r.cold_share for r in ph], '.1%')} "
+            f"| {_median_or_dash([r.drain_spread_s for r in d], '.1f')} / {_median_or_dash([r.drain_spread_s for r in ph], '.1f')} "
+            f"| {_median_or_dash([_over(p, q, 'tpot_p99_s') for p, q in zip(ph, d, strict=True)], '.3f')} |"
         )
+        for trio in zip(d, ll, ph, strict=True):  # single runs: the tail the medians hide, for every router
+            for mine in trio:
+                best = max(other.tok_per_s for other in trio if other is not mine)
+                if mine.tok_per_s < 0.99 * best:
+                    short_runs[mine.router].append(f"{' '.join(map(str, key[:3]))} {key[3]:.0%} {key[4]} {key[5]} "
+                                                   f"seed {mine.cell.seed} ({mine.tok_per_s / best:.3f})")  # fmt: skip
         for field, names in short.items():  # the phase router against the better baseline, per seed, then the median
             better = [_over(p, max(q, r, key=lambda x: getattr(x, field) or 0), field)
                       for p, q, r in zip(ph, d, ll, strict=True)]  # fmt: skip
@@ -212,6 +227,12 @@ def markdown(runs: list[Run], command: str, wall_s: float) -> list[str]:
             names = short[field]
             lines += ["", f"Cells where the phase router's {label} (median over the seeds) is more than 1 % below the "
                       f"better baseline's: {len(names)}" + (f": {'; '.join(names)}." if names else ".")]  # fmt: skip
+    n_runs = sum(r.router == "phase" for r in runs)
+    lines += ["", f"Single runs where a router's tokens/s is more than 1 % below the better of the other two's "
+              f"(of {n_runs} each; for the phase router that is the better baseline):"]  # fmt: skip
+    lines += [
+        f"- {name}: {len(names)}" + (f": {'; '.join(names)}." if names else ".") for name, names in short_runs.items()
+    ]
     return lines
 
 

@@ -25,9 +25,12 @@ def test_a_cell_runs_every_router_on_the_same_requests_and_the_page_reports_them
     lines = fleet_bench.markdown(runs, "python -m benchmarks.fleet_bench --test", 1.0)
     row = next(line for line in lines if line.startswith("| h200 | paper | 3 | 80% | poisson | eb |"))
     cells = [c.strip() for c in row.split("|")[1:-1]]
-    assert len(cells) == 17
+    assert len(cells) == 19
     assert cells[15] == f"{phase_warm_ratio(runs):.2f}"
     assert cells[16] == f"{runs[2].cold_share:.1%}"
+    assert all(r.drain_spread_s is not None and r.drain_spread_s >= 0 for r in runs)
+    assert cells[17] == f"{runs[0].drain_spread_s:.1f} / {runs[2].drain_spread_s:.1f}"
+    assert runs[2].tpot_p99_s and runs[0].tpot_p99_s and cells[18] == f"{runs[2].tpot_p99_s / runs[0].tpot_p99_s:.3f}"
     phase, default = runs[2], runs[0]
     assert cells[12:14] == [f"{phase.tok_per_s / default.tok_per_s:.3f}",
                             f"{phase.loaded_tok_per_s / default.loaded_tok_per_s:.3f}"]  # fmt: skip
@@ -65,6 +68,17 @@ def test_the_page_names_each_cell_short_of_the_better_baseline(monkeypatch: pyte
         "rtx-pro-6000 capped-uniform 4 95% poisson eb (0.985)." in " ".join(lines)
     assert any(line.endswith("loaded tokens/s (median over the seeds) is more than 1 % below the better "
                              "baseline's: 0.") for line in lines)  # fmt: skip
+    # and each single run short of the better of the other two routers, by seed and router: here the phase
+    # router's run, 99.5 against least-loaded's 101; the default router's 100 is 0.990 of it, not short
+    assert lines[-3:] == ["- default: 0.", "- least-loaded: 0.",
+                          "- phase: 1: rtx-pro-6000 capped-uniform 4 95% poisson eb seed 3 (0.985)."]  # fmt: skip
+    assert lines[-4].startswith("Single runs where a router's tokens/s is more than 1 % below the better of the other")
+    behind = [run("default", 98.0, 50.0), run("least-loaded", 100.5, 49.0), run("phase", 99.6, 50.0)]
+    assert fleet_bench.markdown(behind, "test", 1.0)[-3:] == [
+        "- default: 1: rtx-pro-6000 capped-uniform 4 95% poisson eb seed 3 (0.975).",
+        "- least-loaded: 0.",
+        "- phase: 0.",
+    ]
     old = [run("default", 100.0, None), run("least-loaded", 101.0, None), run("phase", 99.5, None)]
     assert not any("loaded tokens/s" in line for line in fleet_bench.markdown(old, "test", 1.0))
 
@@ -88,4 +102,4 @@ def test_an_mb_fleet_has_no_controller_and_so_no_cold_start() -> None:
     assert [r.router for r in runs] == ["default", "least-loaded", "phase"]
     assert all(r.tok_per_s > 0 and r.ttft_p99_warm_s is None and r.cold_share is None for r in runs)
     row = next(line for line in fleet_bench.markdown(runs, "test", 1.0) if line.startswith("| h200 | paper | 2 |"))
-    assert row.endswith("| – | – |")  # no first plan: no warm p99, no cold share
+    assert "| – | – | " + f"{runs[0].drain_spread_s:.1f} / {runs[2].drain_spread_s:.1f} |" in row  # no first plan
