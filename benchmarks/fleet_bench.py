@@ -42,7 +42,7 @@ from benchmarks.outputs import SUMMARY_DIR, command_line, save_plot, write_summa
 from ebplus.arguments import positive_float
 from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_model import resolve_profile
-from ebplus.deploy.routing import ROUTERS, make_router
+from ebplus.deploy.routing import ROUTERS, PhaseAware, make_router
 from ebplus.simulator.fleet import FleetSimulator
 from ebplus.simulator.result import SimResult
 from ebplus.simulator.sim import Policy, SimConfig, simulate
@@ -74,6 +74,7 @@ class Cell:
     seed: int
     stagger: str = "off"
     tie_steps: float = 1.0  # the phase router's tie, in decode steps
+    load_cap: float = PhaseAware().load_cap  # the phase router's cap on a replica's queue, x the mean (inf: none)
     per_replica: int = REQUESTS_PER_REPLICA  # requests per replica (the run's length)
     theta_cold: float | None = None  # the controller's planner.theta_cold (None: its default)
 
@@ -113,7 +114,7 @@ def run_cell(cell: Cell) -> list[Run]:
         planner = PlannerConfig() if cell.theta_cold is None else PlannerConfig(theta_cold=cell.theta_cold)
         controller = ControllerConfig(stagger=cell.stagger, history=HISTORY, planner=planner)
         config = SimConfig(policy=Policy(cell.policy), controller=controller)
-        router = make_router(name, cell.seed, stale_s=math.inf, tie_steps=cell.tie_steps)
+        router = make_router(name, cell.seed, stale_s=math.inf, tie_steps=cell.tie_steps, load_cap=cell.load_cap)
         fleet = FleetSimulator([resolve_profile(cell.profile)], reqs, config, cell.replicas, router)
         result = fleet.run()
         data = result.as_json()
@@ -157,8 +158,8 @@ def run_cells(label: str, run: Callable[[Cell], list], cells: Sequence[Cell], wo
 
 def grid(args: argparse.Namespace) -> list[Cell]:
     # what every cell of the run shares, whichever cells it has
-    shared = {"stagger": args.stagger, "tie_steps": args.phase_tie_steps, "per_replica": args.per_replica,
-              "theta_cold": args.theta_cold}  # fmt: skip
+    shared = {"stagger": args.stagger, "tie_steps": args.phase_tie_steps, "load_cap": args.phase_load_cap,
+              "per_replica": args.per_replica, "theta_cold": args.theta_cold}  # fmt: skip
     if args.quick:
         return [Cell("h200", "paper", 16, load, "poisson", "eb", 3, **shared) for load in LOADS]
     axes = (args.profiles, args.workloads, args.replicas, args.loads, args.arrivals, args.policies, args.seeds)
@@ -286,6 +287,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--phase-tie-steps", type=float, default=1.0, metavar="STEPS",
                         help="the phase router's tie: admissions this many decode steps apart count as equal "
                         "(default 1, the router's own)")  # fmt: skip
+    parser.add_argument("--phase-load-cap", type=_load_cap, default=PhaseAware().load_cap, metavar="MULTIPLE",
+                        help="the phase router's cap: a replica holding more than MULTIPLE times the mean queue, plus "
+                        f"one, is passed over (default {PhaseAware().load_cap:g}, the router's own; inf: no cap)")  # fmt: skip
     parser.add_argument("--requests-per-replica", dest="per_replica", type=int, default=REQUESTS_PER_REPLICA,
                         metavar="N", help=f"requests per replica in a run (default {REQUESTS_PER_REPLICA}); a longer "
                         "run spends a smaller share of its time filling the fleet and draining it")  # fmt: skip
@@ -296,6 +300,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"the controller's cold threshold, planner.theta_cold: the replicas' k = THETA x N "
                         f"until its first plan (default {PlannerConfig().theta_cold:g}, the controller's)")  # fmt: skip
     return parser.parse_args(argv)
+
+
+def _load_cap(text: str) -> float:
+    """A cap the phase router accepts (its own check, not a copy of it); ``inf`` for none."""
+    try:
+        return PhaseAware(load_cap=float(text)).load_cap
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _theta_cold(text: str) -> float:

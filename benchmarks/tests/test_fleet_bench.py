@@ -103,3 +103,12 @@ def test_an_mb_fleet_has_no_controller_and_so_no_cold_start() -> None:
     assert all(r.tok_per_s > 0 and r.ttft_p99_warm_s is None and r.cold_share is None for r in runs)
     row = next(line for line in fleet_bench.markdown(runs, "test", 1.0) if line.startswith("| h200 | paper | 2 |"))
     assert "| – | – | " + f"{runs[0].drain_spread_s:.1f} / {runs[2].drain_spread_s:.1f} |" in row  # no first plan
+
+
+def test_the_phase_routers_load_cap_is_its_own_and_reaches_every_cell(capsys: pytest.CaptureFixture[str]) -> None:
+    assert {c.load_cap for c in fleet_bench.grid(fleet_bench.parse(["--quick"]))} == {1.25}  # the router's default
+    uncapped = fleet_bench.grid(fleet_bench.parse(["--quick", "--phase-load-cap", "inf"]))
+    assert {c.load_cap for c in uncapped} == {float("inf")}
+    with pytest.raises(SystemExit):
+        fleet_bench.parse(["--phase-load-cap", "0.5"])
+    assert "load_cap must be at least 1" in capsys.readouterr().err

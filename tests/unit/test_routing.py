@@ -192,13 +192,14 @@ def test_a_staggered_slot_is_booked_when_it_comes_before_the_windows_triggers() 
 
 
 def test_admissions_a_decode_step_apart_tie_and_the_fuller_window_wins() -> None:
-    router = PhaseAware(stale_s=math.inf)
+    router = PhaseAware(stale_s=math.inf, load_cap=math.inf)  # the ties alone (an idle replica is under any cap)
     alone = board(running=0, kv_tokens=0, step_end_s=1.0)  # idle: admits this one alone at its step's end
     filling = board(prefilling=True, waiting=6, step_end_s=1.015)  # its open window admits 7, a step later
     assert router.choose([alone, filling], 1.0) == 1  # 15 ms apart, inside one 20 ms decode step
     later = dataclasses.replace(filling, step_end_s=1.03)  # beyond a step: the sooner admission wins
     assert router.choose([alone, later], 1.0) == 0
-    assert make_router("phase", stale_s=math.inf, tie_steps=2).choose([alone, later], 1.0) == 1  # a tie of 2 steps
+    # a tie of two steps
+    assert make_router("phase", stale_s=math.inf, tie_steps=2, load_cap=math.inf).choose([alone, later], 1.0) == 1
     # the window's fill counts up to k only; past it, token load decides
     full, fuller = board(prefilling=True, waiting=16, kv_tokens=9_000), board(prefilling=True, waiting=20)
     assert admission_eta(full, 1.0) == admission_eta(fuller, 1.0) == 0.0
@@ -210,3 +211,30 @@ def test_mb_replicas_tie_only_within_tie_s_and_by_load() -> None:
     sooner, lighter = board(mode=Mode.MB, kv_tokens=50_000), board(mode=Mode.MB, kv_tokens=1_000, step_end_s=1.015)
     assert router.choose([sooner, lighter], 1.0) == 0  # 15 ms apart: no window to fill, the sooner seat
     assert router.choose([sooner, dataclasses.replace(lighter, step_end_s=1.004)], 1.0) == 1  # within 5 ms
+
+
+def test_a_replica_holding_over_a_quarter_more_than_the_mean_queue_is_passed_over() -> None:
+    """Under EB the replica holding the most requests opens its window soonest (its k departures come
+    fastest); left alone, the router would keep sending it more. Over ``load_cap`` (1.25) x the mean queue + 1
+    it is not a candidate while another is."""
+    heavy = board(running=120, n=256, kv_tokens=120_000)  # 16 departures in 0.27 s
+    light = [board(running=10, kv_tokens=10_000) for _ in range(3)]  # 16 departures in 3.2 s
+    assert admission_eta(heavy, 1.0) < min(admission_eta(b, 1.0) for b in light)
+    boards = [*light[:2], heavy, light[2]]  # mean queue 37.5: the cap is 47.875
+    assert PhaseAware(stale_s=math.inf).choose(boards, 1.0) != 2
+    assert make_router("phase", stale_s=math.inf, load_cap=math.inf).choose(boards, 1.0) == 2  # no cap
+    assert PhaseAware(stale_s=math.inf, load_cap=4.0).choose(boards, 1.0) == 2  # under a cap of 4: 151
+    # the cap is on what a replica holds, its queue included: it outranks the fuller window among ties
+    idle = board(running=0, kv_tokens=0)
+    queued = board(running=0, kv_tokens=0, waiting=9)  # the mean of four is 2.25: the cap is 3.8
+    assert PhaseAware(stale_s=math.inf).choose([queued, idle, idle, idle], 1.0) == 1
+    assert PhaseAware(stale_s=math.inf, load_cap=math.inf).choose([queued, idle, idle, idle], 1.0) == 0
+    # of two, one is passed over once it holds more than 5/3 of the other's queue plus 8/3
+    assert PhaseAware(stale_s=math.inf).choose([queued, idle], 1.0) == 1  # 9 > 0 + 8/3
+    assert PhaseAware(stale_s=math.inf).choose([queued, board(running=0, kv_tokens=0, waiting=4)], 1.0) == 0
+    # and it never leaves no candidate
+    assert PhaseAware(stale_s=math.inf, load_cap=1.0).choose([board(running=5)] * 3, 1.0) in (0, 1, 2)
+    with pytest.raises(ValueError, match="load_cap must be at least 1"):
+        PhaseAware(load_cap=0.5)
+    with pytest.raises(ValueError, match="load_cap must be at least 1"):
+        PhaseAware(load_cap=math.nan)
