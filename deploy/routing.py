@@ -212,10 +212,11 @@ class PhaseAware:
     A cap on what a replica holds. Under EB the soonest admission favours the replica that already runs the
     most: the more it runs, the sooner ``k`` of them leave and open its window. Left alone that feeds
     itself: in an RTX PRO 6000 fleet of 4 at half its capacity one replica ran 136 requests on average and
-    the other three 55 to 58, its decode steps slowed, and the fleet's TPOT p99 was 1.5-1.7x the default
+    the other three 55 to 58, its decode steps slowed, and the fleet's TPOT p99 was 2.8x the default
     router's. So a replica holding more than ``load_cap`` times the mean queue (running + waiting, over the
     boards it chooses among), plus one, is not a candidate while another is (the bound of consistent
-    hashing with bounded loads). A window the router is filling is still filled.
+    hashing with bounded loads). A window the router is filling is still filled. What it changed, and what
+    it costs: ``docs/benchmarks/fleet.md``.
 
     ``tie_s``: admissions this close always count as equal. ``tie_steps``: the tie in decode steps (1; two
     steps fill more windows near saturation and delay more requests at every load: the fleet benchmark's
