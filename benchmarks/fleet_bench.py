@@ -42,7 +42,7 @@ from benchmarks.outputs import SUMMARY_DIR, command_line, save_plot, write_summa
 from ebplus.arguments import positive_float
 from ebplus.controller.config import ControllerConfig, PlannerConfig
 from ebplus.controller.cost_model import resolve_profile
-from ebplus.deploy.routing import ROUTERS, PhaseAware, make_router
+from ebplus.deploy.routing import LOAD_CAP, ROUTERS, PhaseAware, make_router
 from ebplus.simulator.fleet import FleetSimulator
 from ebplus.simulator.result import SimResult
 from ebplus.simulator.sim import Policy, SimConfig, simulate
@@ -74,7 +74,7 @@ class Cell:
     seed: int
     stagger: str = "off"
     tie_steps: float = 1.0  # the phase router's tie, in decode steps
-    load_cap: float = PhaseAware().load_cap  # the phase router's cap on a replica's queue, x the mean (inf: none)
+    load_cap: float = LOAD_CAP  # the phase router's cap on a replica's queue, x the mean (inf: none)
     per_replica: int = REQUESTS_PER_REPLICA  # requests per replica (the run's length)
     theta_cold: float | None = None  # the controller's planner.theta_cold (None: its default)
 
@@ -287,9 +287,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--phase-tie-steps", type=float, default=1.0, metavar="STEPS",
                         help="the phase router's tie: admissions this many decode steps apart count as equal "
                         "(default 1, the router's own)")  # fmt: skip
-    parser.add_argument("--phase-load-cap", type=_load_cap, default=PhaseAware().load_cap, metavar="MULTIPLE",
+    parser.add_argument("--phase-load-cap", type=_load_cap, default=LOAD_CAP, metavar="MULTIPLE",
                         help="the phase router's cap: a replica holding more than MULTIPLE times the mean queue, plus "
-                        f"one, is passed over (default {PhaseAware().load_cap:g}, the router's own; inf: no cap)")  # fmt: skip
+                        f"one, is passed over (default {LOAD_CAP:g}, the router's own; inf: no cap)")  # fmt: skip
     parser.add_argument("--requests-per-replica", dest="per_replica", type=int, default=REQUESTS_PER_REPLICA,
                         metavar="N", help=f"requests per replica in a run (default {REQUESTS_PER_REPLICA}); a longer "
                         "run spends a smaller share of its time filling the fleet and draining it")  # fmt: skip

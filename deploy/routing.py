@@ -155,6 +155,10 @@ def admission_eta(board: PhaseBoard, now: float, arrival_rate: float = 0.0) -> f
     return max(0.0, board.step_end_s - now) + max(seat_s, window) + prefill_s
 
 
+#: The phase router's default cap on what a replica holds, a multiple of the mean queue (:class:`PhaseAware`).
+LOAD_CAP = 1.25
+
+
 class Router(Protocol):
     """Picks the index of the replica a request goes to, from the boards it holds (never an empty list)."""
 
@@ -230,7 +234,12 @@ class PhaseAware:
     RATE_EMA = 0.05
 
     def __init__(
-        self, seed: int = 0, tie_s: float = 0.005, stale_s: float = 2.0, tie_steps: float = 1.0, load_cap: float = 1.25
+        self,
+        seed: int = 0,
+        tie_s: float = 0.005,
+        stale_s: float = 2.0,
+        tie_steps: float = 1.0,
+        load_cap: float = LOAD_CAP,
     ) -> None:
         if not load_cap >= 1.0:
             raise ValueError(f"load_cap must be at least 1 (a multiple of the mean queue), got {load_cap}")
@@ -293,7 +302,7 @@ ROUTERS: dict[str, type[PowerOfTwo] | type[LeastLoaded] | type[PhaseAware]] = {
 
 
 def make_router(
-    name: str, seed: int = 0, stale_s: float = 2.0, tie_steps: float = 1.0, load_cap: float = 1.25
+    name: str, seed: int = 0, stale_s: float = 2.0, tie_steps: float = 1.0, load_cap: float = LOAD_CAP
 ) -> PowerOfTwo | LeastLoaded | PhaseAware:
     """The router called ``name`` (a key of :data:`ROUTERS`); ``ValueError`` naming the choices otherwise.
     ``stale_s``: the phase router's board age limit (``math.inf`` where boards are exact, as in simulation);
