@@ -72,6 +72,12 @@ class CostModel(BaseModel):
         a, b, c = self.beta_mb
         return self.model_copy(update={"beta_d": self.beta_d + extra, "beta_mb": (a, b + extra, c), "beta_kv": 0.0})
 
+    def cost_model(self) -> CostModel:
+        """The cost coefficients alone (a profile's without its name and capacity): what travels on the wire."""
+        if type(self) is CostModel:
+            return self
+        return CostModel(**self.model_dump(include=set(CostModel.model_fields)))
+
     @property
     def alpha_mixed(self) -> float:
         return self.alpha_p if self.alpha_mb is None else self.alpha_mb
@@ -131,10 +137,6 @@ class HardwareProfile(CostModel):
     name: str = Field(min_length=1, description="Profile name, e.g. 'h200'.")
     kv_capacity_tokens: int = Field(gt=0, description="KV cache capacity in tokens.")
     description: str = Field(default="", description="Where the numbers come from.")
-
-    def cost_model(self) -> CostModel:
-        """The controller's model of this GPU: the cost coefficients without the profile's name and capacity."""
-        return CostModel(**self.model_dump(include=set(CostModel.model_fields)))
 
 
 #: A profile model: :class:`HardwareProfile` or a subclass of it (the simulator's).

@@ -439,13 +439,16 @@ class RoutingHints(Message, frozen=True, kw_only=True):
     ``p0``: the chance a running request finishes in one decode step (the workload estimate's hazard at
     age 0; ``None`` before the first estimate). ``mu_l``: the mean prompt tokens a request has to prefill
     (``None`` before the first estimate). ``beta_p``: per replica id, the seconds one prompt token costs in a
-    prefill step (its cost model).
+    prefill step (its cost model). ``cost``: per replica id, its whole cost model, which prices what a prompt
+    adds to an MB replica's next step (absent from an earlier controller's hints: routers then tie MB
+    replicas by load alone).
     """
 
     wire: int = WIRE_VERSION
     p0: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     mu_l: Annotated[float, Meta(ge=0.0, le=MAX_TOKENS_PER_REQUEST)] | None = None
     beta_p: dict[str, Annotated[float, Meta(ge=0.0, le=MAX_STEP_SECONDS)]] = {}
+    cost: dict[str, CostModel] = {}
 
 
 # --------------------------------------------------------------------------- the codec

@@ -295,12 +295,14 @@ def snapshot(fleet: FleetController) -> FleetSnapshot:
 
 def routing_hints(fleet: FleetController) -> RoutingHints:
     """What the routers' phase boards take from the controller: the departure chance, the mean prompt, and each
-    replica's prompt cost."""
+    replica's cost model (its prompt cost alone too, for routers of an earlier release)."""
     estimate = fleet.workload.estimate
+    costs = {rid: replica.cost_model for rid, replica in fleet.replicas.items()}
     return RoutingHints(
         p0=None if estimate is None or not 0.0 < estimate.p0 <= 1.0 else estimate.p0,
         mu_l=None if estimate is None else estimate.mu_l,
-        beta_p={rid: replica.cost_model.beta_p for rid, replica in fleet.replicas.items()},
+        beta_p={rid: cost.beta_p for rid, cost in costs.items()},
+        cost={rid: cost.cost_model() for rid, cost in costs.items()},
     )
 
 

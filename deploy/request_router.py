@@ -90,6 +90,7 @@ class BoardRouter(FIFOMixin, RequestRouter):
         self.interval_s = interval_s
         self.boards: dict[str, Board] = {}
         self.hints = RoutingHints()
+        self._hints_raw = b""  # their bytes: hints carry every replica's cost model, decoded only when they change
         self.decisions = 0
         self.fallbacks = 0
         self.refused = 0  # reports that did not decode
@@ -176,11 +177,15 @@ class BoardRouter(FIFOMixin, RequestRouter):
             board.leases = {req: at for req, at in board.leases.items() if at > counted}
         for rid in set(self.boards) - set(present):
             del self.boards[rid]
-        try:
-            fresh = decode(hints, RoutingHints)
-        except WireError:
-            self.refused += 1
+        if hints == self._hints_raw:  # as last time (they move only when the controller re-estimates)
             fresh = self.hints
+        else:
+            self._hints_raw = hints
+            try:
+                fresh = decode(hints, RoutingHints)
+            except WireError:
+                self.refused += 1
+                fresh = self.hints
         if fresh != self.hints:
             self.hints = fresh
             for board in self.boards.values():

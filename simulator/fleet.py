@@ -108,6 +108,7 @@ class FleetSimulator:
             self.controller.clock = lambda: self._current.now
         # the departure chance a board carries before the controller has an estimate: the workload's mean output
         self._prior_p = 1.0 / max(float(np.mean(requests.output_len)), 1.0)
+        self._prior_prompt = float(np.mean(requests.input_len))  # and its mean prompt
         self._occupied = [0.0] * replicas  # running x seconds
         self._routed = [0] * replicas
         self._windows = 0
@@ -139,6 +140,8 @@ class FleetSimulator:
             prefill_s_per_token=sim.cost.beta_p,
             published_s=self.now,
             slot_s=math.inf if (slot := sim.machine.next_slot(sim.now)) is None else slot,
+            cost=sim.cost,
+            prompt_tokens=self._prior_prompt if estimate is None else estimate.mu_l,
         )
 
     def _route(self, rid: int) -> None:

@@ -10,7 +10,7 @@ from factories import batch, registration
 
 from ebplus.controller import persistence
 from ebplus.controller.config import ControllerConfig, PlannerConfig
-from ebplus.controller.cost_model import CostModel
+from ebplus.controller.cost_model import CostModel, resolve_profile
 from ebplus.controller.fleet import FleetController
 from ebplus.controller.messages import CompletionRecord, FinishReason, Mode, StepRecord
 from ebplus.controller.overrides import OverrideError
@@ -333,11 +333,15 @@ def test_an_override_n_stops_at_a_later_replicas_kv_safe_n_unless_forced(monkeyp
     assert fc.thresholds("kv").n == 96
 
 
-def test_routers_get_the_departure_chance_and_each_replicas_prompt_cost(fleet: FleetController) -> None:
+def test_routers_get_the_departure_chance_and_each_replicas_cost_model(fleet: FleetController) -> None:
     from ebplus.controller.views import routing_hints
 
     cold = routing_hints(fleet)
     assert cold.p0 is None and cold.beta_p == {"h200-0": H200.beta_p, "rtx-0": RTX.beta_p}
+    assert cold.cost == {"h200-0": H200, "rtx-0": RTX}
+    # a profile travels as its cost coefficients alone
+    profile = resolve_profile("h200")
+    assert type(profile.cost_model()) is CostModel and profile.cost_model().alpha_p == profile.alpha_p
     fleet.ingest(batch("h200-0", completions(100), steps(5)))
     warm = routing_hints(fleet)
     assert warm.p0 == fleet.workload.estimate.p0 and 1 / 512 < warm.p0 < 1 / 128  # geometric, mean 256

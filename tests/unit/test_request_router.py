@@ -128,6 +128,10 @@ def test_replicas_that_left_the_board_and_unreadable_reports_are_dropped() -> No
     router.take(2, {"c": b"\x01junk"}, ["a", "c"], b"junk")
     assert sorted(router.boards) == ["a"]
     assert router.refused == 2 and router.hints == HINTS  # the last readable hints stay
+    router.take(3, {}, ["a"], b"junk")  # the same hints bytes again: read once, counted once
+    assert router.refused == 2
+    router.take(4, {}, ["a"], encode(HINTS))
+    assert router.refused == 2 and router.hints == HINTS
 
 
 @pytest.mark.timeout(30)

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from ebplus.controller.cost_model import CostModel, resolve_profile
 from ebplus.controller.messages import Mode
 from ebplus.deploy.routing import (
     ROUTERS,
@@ -163,11 +164,20 @@ def test_a_deployments_board_is_the_engines_report_with_the_controllers_hints() 
 
     report = PhaseReport(mode=Mode.EB, prefilling=False, running=6, waiting=2, n=8, k=4, freed=1, prefill_tokens=90,
                          kv_tokens=700, decode_step_s=0.03, mean_output=50.0, mean_prompt=30.0, read_at=12.5)  # fmt: skip
-    hints = RoutingHints(p0=0.004, mu_l=25.0, beta_p={"a": 3e-5})
+    cost = resolve_profile("h200").cost_model()
+    hints = RoutingHints(p0=0.004, mu_l=25.0, beta_p={"a": 3e-5}, cost={"a": cost})
     b = PhaseBoard.of(report, hints, "a", leased=3)
     # the three requests it was sent since: queued, each with the controller's mean prompt to prefill
     assert (b.running, b.waiting, b.n, b.k, b.freed, b.prefill_tokens, b.kv_tokens) == (6, 5, 8, 4, 1, 90 + 75, 700)
     assert (b.departure_p, b.prefill_s_per_token, b.decode_step_s) == (0.004, 3e-5, 0.03)
+    assert (b.cost, b.prompt_tokens) == (cost, 25.0)  # what a prompt adds to its next step, priced
+    assert decode(encode(hints), RoutingHints) == hints
+    # an earlier controller's hints carry no cost models; a cost model that is not one is refused whole
+    earlier = decode(msgspec.msgpack.encode({"wire": 1, "p0": 0.004, "beta_p": {"a": 3e-5}}), RoutingHints)
+    assert earlier.cost == {} and PhaseBoard.of(report, earlier, "a").cost is None
+    with pytest.raises(WireError, match=r"not a RoutingHints: 1 validation error for CostModel - at `\$\.cost"):
+        decode(msgspec.msgpack.encode({"wire": 1, "cost": {"a": {**cost.model_dump(), "alpha_p": -1.0}}}), RoutingHints)
+    assert PhaseBoard.of(report, hints, "c").cost is None  # a replica the controller has no model of
     assert b.step_end_s == b.published_s == 12.5  # read between two steps: the next one starts then
     # before the controller's first estimate: the engine's own mean output; an unknown replica costs nothing to prefill
     cold = PhaseBoard.of(report, RoutingHints(), "b", leased=1)
@@ -206,11 +216,31 @@ def test_admissions_a_decode_step_apart_tie_and_the_fuller_window_wins() -> None
     assert router.choose([fuller, full], 1.0) == 1
 
 
-def test_mb_replicas_tie_only_within_tie_s_and_by_load() -> None:
+def test_mb_replicas_a_step_apart_tie_and_the_one_whose_next_step_it_delays_least_wins() -> None:
+    """Under MB a prompt mixes into the replica's next step and slows each of its decodes: the cost model prices
+    by how much. On the RTX PRO 6000 profile a prompt that turns a decode-only step into a mixed one adds more to
+    it than one joining a step that mixes already; on the H200 profile less. Without a cost model, by load."""
     router = PhaseAware(stale_s=math.inf)
-    sooner, lighter = board(mode=Mode.MB, kv_tokens=50_000), board(mode=Mode.MB, kv_tokens=1_000, step_end_s=1.015)
-    assert router.choose([sooner, lighter], 1.0) == 0  # 15 ms apart: no window to fill, the sooner seat
-    assert router.choose([sooner, dataclasses.replace(lighter, step_end_s=1.004)], 1.0) == 1  # within 5 ms
+    rtx, h200 = resolve_profile("rtx-pro-6000").cost_model(), resolve_profile("h200").cost_model()
+
+    def mb(cost: CostModel | None, **changes: object) -> PhaseBoard:
+        return board(**{"mode": Mode.MB, "running": 100, "n": 256, "kv_tokens": 70_000, "cost": cost,
+                        "prompt_tokens": 512, **changes})  # fmt: skip
+
+    decoding = mb(rtx, step_end_s=1.0)  # admits at 1.0; its next step would mix only this prompt
+    mixing = mb(rtx, prefill_tokens=500, step_end_s=1.01)  # admits 15 ms later: a 20 ms step apart, a tie
+    assert decoding.join_delay_s > mixing.join_delay_s > 0
+    assert router.choose([decoding, mixing], 1.0) == 1
+    assert router.choose([decoding, dataclasses.replace(mixing, step_end_s=1.02)], 1.0) == 0  # a step apart: sooner
+    assert router.choose([mb(h200, step_end_s=1.0), mb(h200, prefill_tokens=500, step_end_s=1.01)], 1.0) == 0
+    # the delay counts every request the step carries: an idle replica's prompt delays itself alone
+    assert mb(rtx, running=0, kv_tokens=0).join_delay_s < decoding.join_delay_s
+    # no cost model (a controller of an earlier release), EB, or no prompt known: no delay, and load decides
+    unpriced = (mb(None), board(cost=rtx, prompt_tokens=512), mb(rtx, prompt_tokens=0))
+    assert [b.join_delay_s for b in unpriced] == [0.0, 0.0, 0.0]
+    sooner, lighter = mb(None, kv_tokens=50_000), mb(None, kv_tokens=1_000, step_end_s=1.015)
+    assert router.choose([sooner, lighter], 1.0) == 1
+    assert router.choose([sooner, dataclasses.replace(lighter, step_end_s=1.03)], 1.0) == 0
 
 
 def test_a_replica_holding_over_a_quarter_more_than_the_mean_queue_is_passed_over() -> None:
