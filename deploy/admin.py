@@ -282,7 +282,8 @@ class RoutingResponse(BaseModel):
 
     routers: list[dict[str, Any]] = Field(
         description=(
-            "Per router (one per model deployment): its policy, decisions, fallbacks to power of two choices, "
+            "Per router (one per model deployment): its policy and load cap (routing.load_cap; null: none, or "
+            "not the phase policy), decisions, fallbacks to power of two choices, "
             "decision time percentiles (microseconds, board lookup included) and the boards it holds now; "
             "empty under Ray's default router."
         )

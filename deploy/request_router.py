@@ -37,7 +37,7 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, Reque
 from ebplus.controller.messages import PhaseReport, RoutingHints, WireError, decode
 from ebplus.deploy import routing
 from ebplus.deploy.priority import RouterThread, prioritize_router_thread
-from ebplus.deploy.routing import PhaseAware, PhaseBoard, make_router
+from ebplus.deploy.routing import LOAD_CAP, PhaseAware, PhaseBoard, make_router
 from ebplus.replicas.board import WATCH_TIMEOUT_S, get_board
 
 logger = logging.getLogger("ray.serve.ebplus")
@@ -80,12 +80,16 @@ class BoardRouter(FIFOMixin, RequestRouter):
 
     ``request_router_kwargs`` (``initialize_state``): ``policy`` (``phase`` or ``least-loaded``), ``stale_s``
     (older boards mean the channel is down: Ray's power of two choices decides), ``interval_s`` (the replicas'
-    publishing interval).
+    publishing interval), ``load_cap`` (the phase policy's cap on what a replica holds; ``None``: none).
     """
 
-    def initialize_state(self, policy: str = "phase", stale_s: float = 2.0, interval_s: float = 0.1) -> None:
+    def initialize_state(
+        self, policy: str = "phase", stale_s: float = 2.0, interval_s: float = 0.1, load_cap: float | None = LOAD_CAP
+    ) -> None:
         self.policy_name = policy
-        self.policy = make_router(policy, seed=random.randrange(2**31), stale_s=math.inf)
+        self.load_cap = load_cap
+        cap = math.inf if load_cap is None else load_cap
+        self.policy = make_router(policy, seed=random.randrange(2**31), stale_s=math.inf, load_cap=cap)
         self.stale_s = stale_s
         self.interval_s = interval_s
         self.boards: dict[str, Board] = {}
@@ -248,6 +252,7 @@ class BoardRouter(FIFOMixin, RequestRouter):
         return {
             "deployment": str(self._deployment_id),
             "policy": self.policy_name,
+            "load_cap": self.load_cap if isinstance(self.policy, PhaseAware) else None,
             "decisions": self.decisions,
             "fallbacks": self.fallbacks,
             "refused_reports": self.refused,

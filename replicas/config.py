@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ebplus.controller import theory
 from ebplus.controller.config import CustomResources
 from ebplus.controller.messages import Mode, ThresholdUpdate
+from ebplus.deploy.routing import LOAD_CAP
 from ebplus.replicas.niceness import Setting as NicenessSetting
 from ebplus.replicas.niceness import check_setting as check_niceness
 from ebplus.replicas.sampling import Sampling
@@ -272,6 +273,17 @@ class RoutingSection(_Section):
         gt=0,
         description="A board older than this means the channel is down: the router falls back to power of two choices.",
     )
+    load_cap: float | None = Field(
+        LOAD_CAP,
+        ge=1,
+        allow_inf_nan=False,
+        description=(
+            "phase: a replica holding more than this many times the mean queue (running + waiting), plus one, is "
+            "passed over while another is not; under EB the replica that runs the most opens its window soonest, "
+            "and without a cap it keeps drawing requests and slows its decodes (docs/benchmarks/fleet.md). "
+            "null: no cap."
+        ),
+    )
 
     @model_validator(mode="after")
     def _stale_after_interval(self) -> RoutingSection:
@@ -293,6 +305,7 @@ class RoutingSection(_Section):
                 "policy": self.router,
                 "stale_s": self.stale_s,
                 "interval_s": self.board_interval_s,
+                "load_cap": self.load_cap,
             },
         }
 

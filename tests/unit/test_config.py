@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,8 @@ def test_local_is_the_cpu_default() -> None:
         ({"http": {"proxy_location": "Everywhere"}}, "http.proxy_location: Input should be 'EveryNode'"),
         ({"replicas": {"routing": {"router": "p2c"}}}, "replicas.routing.router: Input should be 'default'"),
         ({"replicas": {"routing": {"stale_s": 0.15}}}, "stale_s (0.15) must exceed two board intervals (0.2)"),
+        ({"replicas": {"routing": {"load_cap": 0.8}}}, "replicas.routing.load_cap: Input should be greater than or"),
+        ({"replicas": {"routing": {"load_cap": math.inf}}}, "replicas.routing.load_cap: Input should be a finite"),
         ({"http": {"ingress_niceness": 20}}, "http.ingress_niceness: must be 'inherit' or a niceness from 0 to 19"),
         ({"http": {"ingress_niceness": "auto"}}, "http.ingress_niceness: must be 'inherit' or a niceness from 0"),
         ({"replicas": {"engine_niceness": "x"}}, "replicas.engine_niceness: must be 'auto', 'inherit' or a niceness"),
@@ -133,13 +136,25 @@ def test_the_routing_section_picks_serves_request_router(router: str) -> None:
     if router == "default":
         assert "request_router_config" not in options and not cfg.replicas.routing.uses_board
         return
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
     from ray.serve.config import RequestRouterConfig
 
     from ebplus.deploy.request_router import BoardRouter
 
     config = RequestRouterConfig(**options["request_router_config"])
     assert config.get_request_router_class() is BoardRouter
-    assert config.request_router_kwargs == {"policy": router, "stale_s": 2.0, "interval_s": 0.25}
+    assert config.request_router_kwargs == {"policy": router, "stale_s": 2.0, "interval_s": 0.25, "load_cap": 1.25}
+    # the phase policy's cap, from the config to the router Serve builds (null: none)
+    for cap, expected in ((2.0, 2.0), (None, math.inf)):
+        routing = {"router": router, "load_cap": cap}
+        kwargs = parse_config({"replicas": {"routing": routing}}, "x.yaml").replicas.deployment_options()[
+            "request_router_config"]["request_router_kwargs"]  # fmt: skip
+        built = BoardRouter(deployment_id=DeploymentID(name="llm", app_name="app"),
+                            handle_source=DeploymentHandleSource.UNKNOWN)  # fmt: skip
+        built.initialize_state(**kwargs)
+        assert kwargs["load_cap"] == cap and built.view()["load_cap"] == (cap if router == "phase" else None)
+        if router == "phase":
+            assert built.policy.load_cap == expected
 
 
 @pytest.mark.parametrize(
