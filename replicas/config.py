@@ -256,7 +256,8 @@ class RoutingSection(_Section):
         description=(
             "default: Ray Serve's power of two choices on queue length; least-loaded: the least prompt tokens to "
             "prefill plus KV tokens held; phase: the replica that admits the request soonest, knowing when each "
-            "replica's next EB prefill window opens and how many it admits (reduces to load balancing in MB)."
+            "replica's next EB prefill window opens and how many it admits (in MB: the soonest, then the one "
+            "whose next step it delays least)."
         ),
     )
     board_interval_s: float = Field(
