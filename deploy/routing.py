@@ -20,8 +20,8 @@ Routers (``ROUTERS``, by name):
   prompt tokens a replica still has to prefill plus the KV tokens its decodes read every step;
 * ``phase``: the soonest admission (:func:`admission_eta`); admissions within one decode step count as
   equal, and of those the EB replica whose window already holds the most requests (up to ``k``) wins, then
-  the MB replica whose next step the request delays least (its cost model prices it), then the least token
-  load: the requests that follow one fill the window it booked, since that window then opens soonest; a
+  the replica whose step that prefills the request delays the others least (its cost model prices it), then
+  the least token load: the requests that follow one fill the window it booked, since that window then opens soonest; a
   replica holding more than ``load_cap`` (1.25) times the mean queue is passed over, since
   the soonest admission favours the replica that already runs the most; a board older than ``stale_s``
   makes it fall back to power of two choices.
@@ -128,22 +128,27 @@ class PhaseBoard:
 
     @cached_property
     def join_delay_s(self) -> float:
-        """Under MB, the request-seconds a mean prompt sent here adds to the requests of its next step: the
-        seconds the step gains, times the requests it carries (its decodes and the new one). 0 under EB, or
-        where the cost is unknown.
+        """The request-seconds a mean prompt sent here adds to the others: the seconds the step that prefills it
+        gains, by the cost model, times the requests that step holds up. Under MB that step is the next one,
+        mixing the prompt into the decodes, and it holds up the decodes and the new request. Under EB it is
+        the prefill phase, a prefill-only step (its fixed cost too when nothing is queued for it), and it holds
+        up the decodes it pauses, the requests queued for it and the new one. 0 where the cost or the mean
+        prompt is unknown.
 
         A mixed step prices every token at the mixed rate of its decode share, so the same prompt costs
-        different replicas different delays. On a GPU where mixing interferes (the RTX PRO 6000 profile)
-        a prompt that turns a decode-only step into a mixed one costs its decodes more than one joining a
-        step that mixes already; where it does not (the H200 profile) the reverse. The cost model decides,
-        not a rule of thumb.
+        different replicas different delays. On a GPU where mixing interferes (the RTX PRO 6000 profile) a
+        prompt that turns a decode-only step into a mixed one costs its decodes more than one joining a step
+        that mixes already; where it does not (the H200 profile) the reverse. The cost model decides, not a
+        rule of thumb; and the same measure prices an EB replica's pause, so a fleet whose replicas run
+        different modes (EB+) compares them in one unit.
         """
-        if self.cost is None or self.mode is not Mode.MB or self.prompt_tokens <= 0:
+        if self.cost is None or self.prompt_tokens <= 0:
             return 0.0
-        step = self.cost.step_seconds
-        m, queued, kv = self.running, self.prefill_tokens, self.kv_tokens
-        gained = step(queued + round(self.prompt_tokens), m, kv) - step(queued, m, kv)
-        return max(0.0, gained) * (m + 1)
+        step, queued, prompt = self.cost.step_seconds, self.prefill_tokens, round(self.prompt_tokens)
+        if self.mode is Mode.MB:
+            m, kv = self.running, self.kv_tokens
+            return max(0.0, step(queued + prompt, m, kv) - step(queued, m, kv)) * (m + 1)
+        return max(0.0, step(queued + prompt, 0, 0) - step(queued, 0, 0)) * (self.running + self.waiting + 1)
 
     @cached_property
     def waits(self) -> tuple[float, float, int, float, float]:
@@ -233,8 +238,8 @@ class PhaseAware:
 
     Ties. Admissions less than one decode step apart (the fastest replica's step, at least ``tie_s``)
     count as equal: a board is an estimate that moves a step at a time. Of those, the EB replica whose
-    queue already holds the most requests (up to ``k``) wins, then the MB replica whose next step the
-    request delays least (:attr:`PhaseBoard.join_delay_s`), then the least token load. A prefill
+    queue already holds the most requests (up to ``k``) wins, then the replica whose step that prefills
+    the request delays the others least (:attr:`PhaseBoard.join_delay_s`), then the least token load. A prefill
     phase pays its fixed cost once for every request it admits; sending a request to the replica
     whose window opens a step sooner but would admit it alone opened windows with empty seats (18-30 %
     of them in RTX PRO 6000 fleets at 95 % of their capacity, which lost 1.2-1.6 % of their throughput

@@ -86,14 +86,17 @@ def test_the_phase_router_spares_the_decodes_of_an_mb_fleet_where_mixing_interfe
 
 
 def test_the_phase_router_cuts_the_ttft_tail_of_an_eb_fleet() -> None:
-    """8 replicas in EB (k 32) at ~80 % of their saturated rate: deterministic for the seed."""
+    """8 replicas in EB (k 32) at ~80 % of their saturated rate: deterministic for the seed. Throughput is the
+    rate while requests still arrive (``loaded_tok_per_s``): over 750 requests a replica, tokens/s to the last
+    completion moves by about 1 % with which replica drains last (docs/benchmarks/fleet.md)."""
     config = SimConfig(policy=Policy.EB, k=32)
-    out = {}
+    out, loaded = {}, {}
     for name in ("default", "phase"):
         router = make_router(name, 3, stale_s=math.inf)
-        out[name] = simulate_fleet([H200], paper(6000, rate=235.0), config, 8, router).as_json()
+        result = simulate_fleet([H200], paper(6000, rate=235.0), config, 8, router)
+        out[name], loaded[name] = result.as_json(), result.fleet.loaded_tok_per_s()
     assert out["phase"]["ttft_p99_s"] < 0.8 * out["default"]["ttft_p99_s"], out
-    assert out["phase"]["tok_per_s"] >= 0.99 * out["default"]["tok_per_s"], out  # no more than 1 % short
+    assert loaded["phase"] >= 0.99 * loaded["default"], loaded  # no more than 1 % short
 
 
 def test_bad_fleets_are_refused() -> None:

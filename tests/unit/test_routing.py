@@ -216,7 +216,7 @@ def test_admissions_a_decode_step_apart_tie_and_the_fuller_window_wins() -> None
     assert router.choose([fuller, full], 1.0) == 1
 
 
-def test_mb_replicas_a_step_apart_tie_and_the_one_whose_next_step_it_delays_least_wins() -> None:
+def test_admissions_a_step_apart_tie_and_the_replica_the_request_delays_others_least_wins() -> None:
     """Under MB a prompt mixes into the replica's next step and slows each of its decodes: the cost model prices
     by how much. On the RTX PRO 6000 profile a prompt that turns a decode-only step into a mixed one adds more to
     it than one joining a step that mixes already; on the H200 profile less. Without a cost model, by load."""
@@ -235,8 +235,17 @@ def test_mb_replicas_a_step_apart_tie_and_the_one_whose_next_step_it_delays_leas
     assert router.choose([mb(h200, step_end_s=1.0), mb(h200, prefill_tokens=500, step_end_s=1.01)], 1.0) == 0
     # the delay counts every request the step carries: an idle replica's prompt delays itself alone
     assert mb(rtx, running=0, kv_tokens=0).join_delay_s < decoding.join_delay_s
-    # no cost model (a controller of an earlier release), EB, or no prompt known: no delay, and load decides
-    unpriced = (mb(None), board(cost=rtx, prompt_tokens=512), mb(rtx, prompt_tokens=0))
+    # under EB the step that prefills it is the prefill phase, a prefill-only step that pauses the decodes: the
+    # same unit, so an EB+ fleet whose replicas run different modes compares them (fixed cost and all when
+    # nothing is queued for it; its prompt alone when it joins a window)
+    eb = board(cost=rtx, prompt_tokens=512, running=100, n=256, kv_tokens=70_000)
+    assert eb.join_delay_s == pytest.approx((rtx.alpha_p + rtx.beta_p * 512) * 101)
+    assert dataclasses.replace(eb, waiting=3, prefill_tokens=1500).join_delay_s == pytest.approx(rtx.beta_p * 512 * 104)
+    # an EB replica whose window is open admits at its step's end too: its 90 ms prefill phase over 101
+    # requests against the 95 ms the prompt adds to the MB replica's next step (over as many)
+    assert router.choose([dataclasses.replace(eb, prefilling=True), decoding], 1.0) == 0
+    # no cost model (a controller of an earlier release) or no prompt known: no delay, and load decides
+    unpriced = (mb(None), board(prompt_tokens=512), mb(rtx, prompt_tokens=0))
     assert [b.join_delay_s for b in unpriced] == [0.0, 0.0, 0.0]
     sooner, lighter = mb(None, kv_tokens=50_000), mb(None, kv_tokens=1_000, step_end_s=1.015)
     assert router.choose([sooner, lighter], 1.0) == 1
