@@ -140,10 +140,11 @@ def test_the_routing_section_picks_serves_request_router(router: str) -> None:
     from ray.serve.config import RequestRouterConfig
 
     from ebplus.deploy.request_router import BoardRouter
+    from ebplus.deploy.routing import LOAD_CAP
 
     config = RequestRouterConfig(**options["request_router_config"])
     assert config.get_request_router_class() is BoardRouter
-    assert config.request_router_kwargs == {"policy": router, "stale_s": 2.0, "interval_s": 0.25, "load_cap": 1.25}
+    assert config.request_router_kwargs == {"policy": router, "stale_s": 2.0, "interval_s": 0.25, "load_cap": LOAD_CAP}
     # the phase policy's cap, from the config to the router Serve builds (null: none)
     for cap, expected in ((2.0, 2.0), (None, math.inf)):
         routing = {"router": router, "load_cap": cap}
