@@ -19,12 +19,12 @@ Routers (``ROUTERS``, by name):
 * ``least-loaded``: the least token load in the manner of Ray Serve LLM's KV-aware routing: the
   prompt tokens a replica still has to prefill plus the KV tokens its decodes read every step;
 * ``phase``: the soonest admission (:func:`admission_eta`); admissions within one decode step count as
-  equal, and of those the EB replica whose window already holds the most requests (up to ``k``) wins, then
-  the replica whose step that prefills the request delays the others least (its cost model prices it), then
-  the least token load: the requests that follow one fill the window it booked, since that window then opens soonest; a
-  replica holding more than ``load_cap`` (1.25) times the mean queue is passed over, since
-  the soonest admission favours the replica that already runs the most; a board older than ``stale_s``
-  makes it fall back to power of two choices.
+  equal, and of those the EB replica whose window already holds the most requests (up to ``k``) wins (the
+  requests that follow one fill the window it booked, since that window then opens soonest), then the
+  replica whose step that prefills the request delays the others least (its cost model prices it), then
+  the least token load; a replica holding more than ``load_cap`` (1.25) times the mean queue is passed
+  over, since the soonest admission favours the replica that already runs the most; a board older than
+  ``stale_s`` makes it fall back to power of two choices.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class PhaseBoard:
         prefill_s_per_token: seconds one queued prompt token costs (the cost model's ``beta_p``).
         slot_s: under a staggered EB, when its timer next opens a window for a waiting request
             (``PhaseMachine.next_slot``; ``inf``: no stagger).
-        cost: its step-time model (the controller's; ``None`` where unknown): what a prompt adds to its next step.
+        cost: its step-time model (the controller's; ``None`` where unknown): it prices what a prompt adds to
+            the step that prefills it.
         prompt_tokens: the mean prompt a request brings (0 where unknown).
     """
 
@@ -239,8 +240,8 @@ class PhaseAware:
     Ties. Admissions less than one decode step apart (the fastest replica's step, at least ``tie_s``)
     count as equal: a board is an estimate that moves a step at a time. Of those, the EB replica whose
     queue already holds the most requests (up to ``k``) wins, then the replica whose step that prefills
-    the request delays the others least (:attr:`PhaseBoard.join_delay_s`), then the least token load. A prefill
-    phase pays its fixed cost once for every request it admits; sending a request to the replica
+    the request delays the others least (:attr:`PhaseBoard.join_delay_s`), then the least token load. A
+    prefill phase pays its fixed cost once for every request it admits; sending a request to the replica
     whose window opens a step sooner but would admit it alone opened windows with empty seats (18-30 %
     of them in RTX PRO 6000 fleets at 95 % of their capacity, which lost 1.2-1.6 % of their throughput
     to them: ``benchmarks/fleet_bench.py``). Under MB a prompt mixes into the decodes' next step and
