@@ -7,7 +7,7 @@ own, one named actor per cluster (:class:`BoardActor`, around a plain :class:`Bo
 * each replica that a board-reading router serves publishes its scheduler's
   :class:`~ebplus.controller.messages.PhaseReport` every ``board_interval_s`` (:func:`publish_forever`);
 * the actor fetches the controller's :class:`~ebplus.controller.messages.RoutingHints` (the departure chance
-  and each replica's prompt-token cost, which move only when the controller re-estimates) about once a second;
+  and each replica's cost model, which move only when the controller re-estimates) about once a second;
 * each router long-polls the reports newer than the ones it holds (:meth:`BoardActor.watch`), in the
   background: a routing decision reads what the router holds and never waits on this channel.
 
