@@ -8,7 +8,8 @@ the 2-core test bed the router's thread shares the cores with both engines and i
 waiting. This one drives the deployment's router itself, :class:`~ebplus.deploy.request_router.BoardRouter`
 (``choose_replicas``, ``on_request_routed``, ``on_request_completed``, ``take``), as Ray Serve and the board
 channel drive it, in one process on one event loop, so a decision's time is its own: the boards of ``R``
-replicas in EB, a pull of fresh reports every ``--decisions-per-pull`` decisions (each pull rebuilds every
+replicas in EB with the controller's hints (each replica's cost model among them, so a tie is priced by the
+delay it adds), a pull of fresh reports every ``--decisions-per-pull`` decisions (each pull rebuilds every
 board the policy reads), a lease per request routed, released when the request completes
 ``--in-flight`` decisions later. The times are the router's own (``/admin/routing``'s ``decision_us`` and
 ``decision_cpu_us``), board lookup included; a pull's time (``take``, which builds the boards the next
@@ -33,6 +34,7 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID
 from ray.serve.request_router import ReplicaID
 
 from benchmarks.outputs import SUMMARY_DIR, command_line, interleaved, publish, spread
+from ebplus.controller.cost_model import resolve_profile
 from ebplus.controller.messages import Mode, PhaseReport, RoutingHints, encode
 from ebplus.deploy.request_router import BoardRouter, percentiles_us
 
@@ -62,7 +64,10 @@ async def drive(replicas: int, decisions: int, per_pull: int, in_flight: int, se
     router.initialize_state(policy="phase", stale_s=2.0, interval_s=0.1)
     ids = [f"r{i}" for i in range(replicas)]
     candidates = [SimpleNamespace(replica_id=ReplicaID(unique_id=rid, deployment_id=DEPLOYMENT)) for rid in ids]
-    hints = encode(RoutingHints(p0=1 / 256, mu_l=512.0, beta_p={rid: 2e-5 for rid in ids}))
+    cost = resolve_profile("h200").cost_model()  # each replica's cost model, as the controller sends them
+    hints = encode(
+        RoutingHints(p0=1 / 256, mu_l=512.0, beta_p={rid: 2e-5 for rid in ids}, cost=dict.fromkeys(ids, cost))
+    )
     routed: deque[tuple[Any, str]] = deque()
     pulls = []
     for i in range(decisions):
