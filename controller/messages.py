@@ -439,9 +439,9 @@ class RoutingHints(Message, frozen=True, kw_only=True):
     ``p0``: the chance a running request finishes in one decode step (the workload estimate's hazard at
     age 0; ``None`` before the first estimate). ``mu_l``: the mean prompt tokens a request has to prefill
     (``None`` before the first estimate). ``beta_p``: per replica id, the seconds one prompt token costs in a
-    prefill step (its cost model). ``cost``: per replica id, its whole cost model, which prices what a prompt
-    adds to an MB replica's next step (absent from an earlier controller's hints: routers then tie MB
-    replicas by load alone).
+    prefill step (its cost model). ``cost``: per replica id, its whole cost model, which prices the delay a
+    prompt adds to the others on that replica (``PhaseBoard.join_delay_s``; absent from an earlier
+    controller's hints: routers then break ties by load alone).
     """
 
     wire: int = WIRE_VERSION
