@@ -232,10 +232,13 @@ class PhaseAware:
 
     Booking a window by its queue is a promise about the requests that follow: the first ones wait
     until ``k`` are there. So the router fills one window at a time: once it sends a request to a
-    replica whose window needs more requests, it keeps sending there until the window opens, and it
-    sends a request elsewhere only if that admits it sooner by more than the wait it adds to those
-    already booked (one gap between requests each). Without that, a window booked by a few requests
-    was left for open windows elsewhere, and they waited for ``k`` departures instead.
+    replica whose window needs more requests, it keeps sending there until that window no longer waits
+    on its queue (it opened, ``k`` are queued, or the replica's decodes finished), even where another
+    replica would admit one sooner. Without that, a window booked by a few requests was left for open
+    windows elsewhere, and they waited for ``k`` departures instead. Sending a request elsewhere when that
+    admits it sooner by more than the wait it adds to those booked (one gap between requests each) was
+    measured and not kept: it raised the TTFT p99 after the controller's first plan by 18 to 30 % in the
+    EB cells at 80 % of H200 fleets of 4 (``docs/benchmarks/fleet.md``, the cold threshold).
 
     Ties. Admissions less than one decode step apart (the fastest replica's step, at least ``tie_s``)
     count as equal: a board is an estimate that moves a step at a time. Of those, the EB replica whose
